@@ -1,0 +1,167 @@
+// oscar2-cpu.c: CPU kernels for the oscar2 KV-cache types.
+//
+//   oscar2_cpu_vec_dot_*   dot product of an oscar2 row with an f32 row; the CPU flash
+//                          attention uses it for K.Q (vec_dot_type of oscar2 is F32, so the
+//                          query is never re-quantized).
+//   oscar2_cpu_quantize_row  quantization for set_rows / cpy into the cache, with the clip
+//                          ratio the KV cache passes in the op params.
+//
+// Each fast path sits beside its plain reference (`*_scalar`), and the AVX2 path is only
+// compiled where the compiler targets AVX2. The value of an element is m + code*d
+// (oscar2.h); a block's dot product with y is therefore d * sum(code*y) + m * sum(y).
+
+#include "oscar2.h"
+#include "oscar2-cpu.h"
+
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define OSCAR2_AVX2 1
+#endif
+
+static inline float fp16_to_fp32(uint16_t h) {
+#if defined(OSCAR2_AVX2)
+    return _cvtsh_ss(h);
+#else
+    // same conversion as oscar2.c, kept local so this file stands alone
+    const uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
+    const uint32_t exp  = (h >> 10) & 0x1fu;
+    const uint32_t mant = h & 0x3ffu;
+    uint32_t u;
+    float f;
+    if (exp == 0) {
+        f = (float) mant * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    u = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112u) << 23) | (mant << 13));
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+// ---- reference: scalar dot of one oscar2 row with an f32 row ------------------------------
+
+static float vec_dot_scalar(int n, const uint16_t * d_m_qs_base, size_t block_bytes, int G, const float * y) {
+    const int nb = G/4;
+    float sum = 0.0f;
+    for (int ib = 0; ib < n/G; ++ib) {
+        const uint8_t  * blk = (const uint8_t *) d_m_qs_base + (size_t) ib*block_bytes;
+        uint16_t dh, mh;
+        memcpy(&dh, blk + 0, 2);
+        memcpy(&mh, blk + 2, 2);
+        const uint8_t * qs = blk + 4;
+        const float   * yb = y + ib*G;
+        float sq = 0.0f, sy = 0.0f;
+        for (int j = 0; j < G; ++j) {
+            const int q = (qs[j % nb] >> (2*(j / nb))) & 3;
+            sq += (float) q * yb[j];
+            sy += yb[j];
+        }
+        sum += fp16_to_fp32(dh)*sq + fp16_to_fp32(mh)*sy;
+    }
+    return sum;
+}
+
+#if defined(OSCAR2_AVX2)
+static inline __m256 codes8(__m128i bytes8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
+}
+
+// G = 128: 32 code bytes; shift s gives the codes of elements 32s .. 32s+31
+static float vec_dot_avx2_128(int n, const block_oscar2 * x, const float * y) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i three = _mm_set1_epi8(3);
+    for (int ib = 0; ib < n/QK_OSCAR2; ++ib) {
+        const float * yb = y + ib*QK_OSCAR2;
+        const __m128i lo = _mm_loadu_si128((const __m128i *) (x[ib].qs +  0));
+        const __m128i hi = _mm_loadu_si128((const __m128i *) (x[ib].qs + 16));
+        __m256 sq = _mm256_setzero_ps();
+        __m256 sy = _mm256_setzero_ps();
+        for (int s = 0; s < 4; ++s) {
+            const __m128i c0 = _mm_and_si128(_mm_srli_epi16(lo, 2*s), three); // elements 32s + 0..15
+            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(hi, 2*s), three); // elements 32s + 16..31
+            const float * ys = yb + 32*s;
+            const __m256 y0 = _mm256_loadu_ps(ys +  0);
+            const __m256 y1 = _mm256_loadu_ps(ys +  8);
+            const __m256 y2 = _mm256_loadu_ps(ys + 16);
+            const __m256 y3 = _mm256_loadu_ps(ys + 24);
+            sq = _mm256_fmadd_ps(codes8(c0),                    y0, sq);
+            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c0, 8)), y1, sq);
+            sq = _mm256_fmadd_ps(codes8(c1),                    y2, sq);
+            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c1, 8)), y3, sq);
+            sy = _mm256_add_ps(sy, _mm256_add_ps(_mm256_add_ps(y0, y1), _mm256_add_ps(y2, y3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].d)), sq, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].m)), sy, acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+// G = 64: 16 code bytes; shift s gives the codes of elements 16s .. 16s+15
+static float vec_dot_avx2_64(int n, const block_oscar2_64 * x, const float * y) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m128i three = _mm_set1_epi8(3);
+    for (int ib = 0; ib < n/QK_OSCAR2_64; ++ib) {
+        const float * yb = y + ib*QK_OSCAR2_64;
+        const __m128i raw = _mm_loadu_si128((const __m128i *) x[ib].qs);
+        __m256 sq = _mm256_setzero_ps();
+        __m256 sy = _mm256_setzero_ps();
+        for (int s = 0; s < 4; ++s) {
+            const __m128i c = _mm_and_si128(_mm_srli_epi16(raw, 2*s), three);
+            const __m256 y0 = _mm256_loadu_ps(yb + 16*s + 0);
+            const __m256 y1 = _mm256_loadu_ps(yb + 16*s + 8);
+            sq = _mm256_fmadd_ps(codes8(c),                    y0, sq);
+            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c, 8)), y1, sq);
+            sy = _mm256_add_ps(sy, _mm256_add_ps(y0, y1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].d)), sq, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].m)), sy, acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+#endif
+
+// ggml_vec_dot_t: (n, s, bs, x, bx, y, by, nrc); nrc is always 1 for our types
+void oscar2_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc) {
+    (void) bs; (void) bx; (void) by; (void) nrc;
+#if defined(OSCAR2_AVX2)
+    *s = vec_dot_avx2_128(n, (const block_oscar2 *) x, (const float *) y);
+#else
+    *s = vec_dot_scalar(n, (const uint16_t *) x, sizeof(block_oscar2), QK_OSCAR2, (const float *) y);
+#endif
+}
+
+void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc) {
+    (void) bs; (void) bx; (void) by; (void) nrc;
+#if defined(OSCAR2_AVX2)
+    *s = vec_dot_avx2_64(n, (const block_oscar2_64 *) x, (const float *) y);
+#else
+    *s = vec_dot_scalar(n, (const uint16_t *) x, sizeof(block_oscar2_64), QK_OSCAR2_64, (const float *) y);
+#endif
+}
+
+// The plain reference of both, exported for the tests (fast path vs reference).
+void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const float * y) {
+    *s = vec_dot_scalar(n, (const uint16_t *) x, G == QK_OSCAR2 ? sizeof(block_oscar2) : sizeof(block_oscar2_64), G, y);
+}
+
+// ---- quantization into the cache --------------------------------------------------------
+
+void oscar2_cpu_quantize_row(int type, const float * x, void * y, int64_t k, float clip) {
+    oscar2_quantize_row_g(x, y, k, oscar2_group_size(type), clip);
+}
+
+void oscar2_cpu_from_float(const float * x, void * y, int64_t k) {
+    oscar2_quantize_row_g(x, y, k, QK_OSCAR2, 1.0f);
+}
+
+void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k) {
+    oscar2_quantize_row_g(x, y, k, QK_OSCAR2_64, 1.0f);
+}

@@ -1,0 +1,27 @@
+// oscar2-cpu.h: CPU entry points of the oscar2 types, hooked into ggml-cpu's trait table
+// (ggml-cpu.c) and into set_rows / cpy (ops.cpp) by llama.cpp/patches.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ggml_vec_dot_t with vec_dot_type F32
+void oscar2_cpu_vec_dot_f32   (int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
+void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
+// plain reference of the two above (tests)
+void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const float * y);
+
+// ggml_from_float_t (no clip)
+void oscar2_cpu_from_float   (const float * x, void * y, int64_t k);
+void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k);
+
+// quantize a row into a cache of `type` (an oscar2 type id) with a clip ratio
+void oscar2_cpu_quantize_row(int type, const float * x, void * y, int64_t k, float clip);
+
+#ifdef __cplusplus
+}
+#endif
