@@ -181,11 +181,17 @@ def sync_tree(src: Path, dst: Path, keep: tuple[Path, ...] = ()) -> int:
     return changed
 
 
+def tree_dir(cache: Path | None = None) -> Path:
+    """Where the patched upstream tree lives (default destination of prepare)."""
+    sd = read_pin()["sdist"]
+    return (cache or default_cache()) / "src" / f"{sd['package']}-{sd['version']}"
+
+
 def prepare(cache: Path, sdist: Path | None, patches_dir: Path, dest: Path | None,
             oscar_src: Path | None = REPO / "ggml-oscar") -> Path:
     pin = read_pin()
     sd = pin["sdist"]
-    dest = dest or cache / "src" / f"{sd['package']}-{sd['version']}"
+    dest = dest or tree_dir(cache)
     patches = patch_list(patches_dir)
 
     stamp_path = dest / STAMP

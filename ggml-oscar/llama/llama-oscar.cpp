@@ -1,16 +1,37 @@
-// llama-oscar.cpp: the libllama side of oscar-gguf.
+// llama-oscar.cpp: the libllama side of oscar-gguf (see llama-oscar.h for the entry points).
 //
-// Everything the patched libllama needs from us lives here and is hooked in by
-// llama.cpp/patches; the patches themselves only add declarations and calls.
+// Where things happen:
+//   model load      llama_oscar_load_hparams        oscar.* metadata -> hparams
+//                   (llama-model.cpp, generic pass) blk.{i}.attn_{k,v}_rot -> llama_layer
+//                   llama_oscar_validate_rotations  finite and orthogonal, once, after load
+//   context         llama_oscar_resolve_cache_types oscar2 -> group size, flash attention
+//                   llama_oscar_configure_memory    clip ratios, rotation source, window
+//   graph           llama_oscar_rotate_qkv / unrotate_out  (build_attn)
+//                   llama_oscar_k_rot + llama_oscar_rotate (K shift: un-rotate, RoPE, re-rotate)
+//                   llama_oscar_tag_clip            clip ratio into set_rows / cpy op_params
 
 #include "llama-oscar.h"
+#include "llama-oscar-kv.h"
 
 #include "llama-impl.h"
 #include "llama-model.h"
+#include "llama-cparams.h"
+#include "llama-kv-cache.h"
+#include "llama-kv-cache-iswa.h"
+#include "llama-memory-hybrid.h"
+#include "llama-memory-hybrid-iswa.h"
+
+#include "gguf.h"
+#include "ggml-backend.h"
 
 #include "../oscar2.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 // Version of the oscar-gguf patch set compiled into this libllama. Tests call it
 // through ctypes to prove that the tools and the Python bindings load our patched
@@ -19,9 +40,160 @@ const char * llama_oscar_patchset_version(void) {
     return "oscar-gguf-patches/1";
 }
 
+int32_t llama_oscar_context_params_echo(struct llama_context_params p, char * buf, size_t size) {
+    return snprintf(buf, size, "sink=%d recent=%d window_type=%d rot=%d clip_k=%g clip_v=%g strict=%d n_ctx=%u type_k=%d",
+            p.oscar_sink, p.oscar_recent, (int) p.oscar_window_type, p.oscar_rot, p.oscar_clip_k, p.oscar_clip_v,
+            (int) p.oscar_strict, p.n_ctx, (int) p.type_k);
+}
+
 static bool is_oscar2(ggml_type t) {
     return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
 }
+
+// ---- model load -----------------------------------------------------------------------------
+
+static const char * KEY_FORMAT_VERSION = "oscar.format_version";
+static const char * KEY_CLIP_K         = "oscar.clip_k";
+static const char * KEY_CLIP_V         = "oscar.clip_v";
+static const char * KEY_SINK           = "oscar.window.sink";
+static const char * KEY_RECENT         = "oscar.window.recent";
+static const uint32_t FORMAT_VERSION   = 1;
+
+static uint32_t read_u32(const gguf_context * meta, const char * key, uint32_t def) {
+    const int64_t id = gguf_find_key(meta, key);
+    if (id < 0) {
+        return def;
+    }
+    switch (gguf_get_kv_type(meta, id)) {
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(meta, id);
+        case GGUF_TYPE_INT32: {
+            const int32_t v = gguf_get_val_i32(meta, id);
+            if (v < 0) {
+                throw std::runtime_error(std::string("oscar: metadata ") + key + " is negative");
+            }
+            return (uint32_t) v;
+        }
+        default:
+            throw std::runtime_error(std::string("oscar: metadata ") + key + " must be an unsigned integer");
+    }
+}
+
+static void read_clips(const gguf_context * meta, const char * key, uint32_t n_layer,
+        std::array<float, LLAMA_MAX_LAYERS> & dst) {
+    const int64_t id = gguf_find_key(meta, key);
+    if (id < 0) {
+        return;
+    }
+    if (gguf_get_kv_type(meta, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(meta, id) != GGUF_TYPE_FLOAT32) {
+        throw std::runtime_error(std::string("oscar: metadata ") + key + " must be an array of float32");
+    }
+    const size_t n = gguf_get_arr_n(meta, id);
+    if (n != n_layer) {
+        throw std::runtime_error(std::string("oscar: metadata ") + key + " has " + std::to_string(n) +
+                " entries but the model has " + std::to_string(n_layer) + " layers");
+    }
+    const float * v = (const float *) gguf_get_arr_data(meta, id);
+    for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(v[i]) || v[i] <= 0.0f || v[i] > 1.0f) {
+            throw std::runtime_error(std::string("oscar: metadata ") + key + "[" + std::to_string(i) +
+                    "] = " + std::to_string(v[i]) + " is not a clip ratio in (0, 1]");
+        }
+        dst[i] = v[i];
+    }
+}
+
+void llama_oscar_load_hparams(const gguf_context * meta, llama_hparams & hparams) {
+    hparams.oscar_clip_k.fill(OSCAR2_DEFAULT_CLIP_K);
+    hparams.oscar_clip_v.fill(OSCAR2_DEFAULT_CLIP_V);
+
+    const int64_t id = gguf_find_key(meta, KEY_FORMAT_VERSION);
+    if (id < 0) {
+        hparams.oscar_meta = false;
+        return;
+    }
+    const uint32_t version = read_u32(meta, KEY_FORMAT_VERSION, 0);
+    if (version != FORMAT_VERSION) {
+        throw std::runtime_error("oscar: this GGUF has oscar metadata format " + std::to_string(version) +
+                ", this build reads format " + std::to_string(FORMAT_VERSION) + "; reconvert it with this oscar-convert");
+    }
+    hparams.oscar_meta   = true;
+    hparams.oscar_sink   = read_u32(meta, KEY_SINK,   hparams.oscar_sink);
+    hparams.oscar_recent = read_u32(meta, KEY_RECENT, hparams.oscar_recent);
+    if (hparams.oscar_sink > (1u << 20) || hparams.oscar_recent > (1u << 20)) {
+        throw std::runtime_error("oscar: metadata window sizes are absurd (sink " + std::to_string(hparams.oscar_sink) +
+                ", recent " + std::to_string(hparams.oscar_recent) + ")");
+    }
+    read_clips(meta, KEY_CLIP_K, hparams.n_layer_all, hparams.oscar_clip_k);
+    read_clips(meta, KEY_CLIP_V, hparams.n_layer_all, hparams.oscar_clip_v);
+}
+
+bool llama_oscar_arch_takes_rotations(const llama_model & model) {
+    // MLA caches hold a compressed latent, not per-head keys; these architectures also build
+    // their attention outside the generic path that applies the rotations
+    if (model.hparams.is_mla()) {
+        return false;
+    }
+    switch (model.arch) {
+        case LLM_ARCH_DEEPSEEK2:
+        case LLM_ARCH_DEEPSEEK32:
+        case LLM_ARCH_DEEPSEEK4:
+        case LLM_ARCH_GLM_DSA:
+        case LLM_ARCH_MINIMAX_M3:
+        case LLM_ARCH_T5:
+        case LLM_ARCH_T5ENCODER:
+            return false;
+        default:
+            return true;
+    }
+}
+
+static void check_rotation(const ggml_tensor * t) {
+    const int64_t d = t->ne[0];
+    std::vector<float> r(d*d);
+    ggml_backend_tensor_get(t, r.data(), 0, ggml_nbytes(t));
+    double err = 0.0;
+    for (int64_t i = 0; i < d; ++i) {
+        for (int64_t j = 0; j < d; ++j) {
+            if (!std::isfinite(r[i*d + j])) {
+                throw std::runtime_error(std::string("oscar: rotation ") + ggml_get_name(t) + " has non-finite values");
+            }
+        }
+    }
+    // || R^T R - I ||_max
+    for (int64_t a = 0; a < d; ++a) {
+        for (int64_t b = a; b < d; ++b) {
+            double s = 0.0;
+            for (int64_t i = 0; i < d; ++i) {
+                s += (double) r[i*d + a] * (double) r[i*d + b];
+            }
+            err = std::max(err, std::fabs(s - (a == b ? 1.0 : 0.0)));
+        }
+    }
+    if (err > 1e-3) {
+        throw std::runtime_error(std::string("oscar: rotation ") + ggml_get_name(t) +
+                " is not orthogonal (max |R^T R - I| = " + std::to_string(err) + ")");
+    }
+}
+
+void llama_oscar_validate_rotations(const llama_model & model) {
+    int n = 0;
+    for (const auto & layer : model.layers) {
+        for (const ggml_tensor * t : { layer.attn_k_rot, layer.attn_v_rot }) {
+            if (t) {
+                if (t->type != GGML_TYPE_F32 || t->ne[0] != t->ne[1]) {
+                    throw std::runtime_error(std::string("oscar: rotation ") + ggml_get_name(t) + " must be a square f32 matrix");
+                }
+                check_rotation(t);
+                n++;
+            }
+        }
+    }
+    if (n > 0) {
+        LLAMA_LOG_INFO("%s: %d OSCAR rotation matrices loaded and checked (finite, orthogonal)\n", __func__, n);
+    }
+}
+
+// ---- context creation ----------------------------------------------------------------------
 
 // oscar2 -> the variant whose group divides every layer's head size
 static bool pick_variant(const llama_model & model, ggml_type & t, bool v) {
@@ -30,13 +202,15 @@ static bool pick_variant(const llama_model & model, ggml_type & t, bool v) {
     }
     const auto & hp = model.hparams;
     bool all128 = true;
+    uint32_t d_first = 0;
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         const uint32_t d = v ? hp.n_embd_head_v(il) : hp.n_embd_head_k(il);
         if (d == 0) {
             continue;
         }
+        d_first = d_first ? d_first : d;
         if (d % QK_OSCAR2_64 != 0) {
-            LLAMA_LOG_ERROR("%s: oscar2 %s cache needs a head size that is a multiple of 64, but layer %u has %u\n",
+            LLAMA_LOG_ERROR("%s: the oscar2 %s cache needs a head size that is a multiple of 64, but layer %u has %u\n",
                     __func__, v ? "V" : "K", il, d);
             return false;
         }
@@ -45,15 +219,30 @@ static bool pick_variant(const llama_model & model, ggml_type & t, bool v) {
     const ggml_type want = all128 && t == GGML_TYPE_OSCAR2 ? GGML_TYPE_OSCAR2 : GGML_TYPE_OSCAR2_64;
     if (want != t) {
         LLAMA_LOG_INFO("%s: %s cache: head size %u is not a multiple of 128, using %s (group 64, 2.5 bits/value)\n",
-                __func__, v ? "V" : "K", v ? hp.n_embd_head_v(0) : hp.n_embd_head_k(0), ggml_type_name(want));
+                __func__, v ? "V" : "K", d_first, ggml_type_name(want));
     }
     t = want;
     return true;
 }
 
 bool llama_oscar_resolve_cache_types(const llama_model & model, llama_context_params & params) {
+    if (params.oscar_rot < 0 || params.oscar_rot > 2) {
+        LLAMA_LOG_ERROR("%s: oscar_rot must be 0 (gguf), 1 (hadamard) or 2 (none), got %d\n", __func__, params.oscar_rot);
+        return false;
+    }
+    for (float c : { params.oscar_clip_k, params.oscar_clip_v }) {
+        if (!std::isfinite(c) || c > 1.0f) {
+            LLAMA_LOG_ERROR("%s: a clip ratio must be in (0, 1] (or <= 0 for the model's own), got %g\n", __func__, c);
+            return false;
+        }
+    }
     if (!is_oscar2(params.type_k) && !is_oscar2(params.type_v)) {
         return true;
+    }
+    if (!llama_oscar_arch_takes_rotations(model)) {
+        LLAMA_LOG_ERROR("%s: the oscar2 KV cache is not supported for architecture %s (its attention bypasses the KV-cache path oscar2 needs)\n",
+                __func__, llm_arch_name(model.arch));
+        return false;
     }
     if (params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED) {
         LLAMA_LOG_ERROR("%s: the oscar2 KV cache requires flash attention: use -fa on (or leave it on auto)\n", __func__);
@@ -66,9 +255,92 @@ bool llama_oscar_resolve_cache_types(const llama_model & model, llama_context_pa
     return pick_variant(model, params.type_k, false) && pick_variant(model, params.type_v, true);
 }
 
-float llama_oscar_layer_clip(const llama_model & model, int32_t il, bool v) {
-    GGML_UNUSED(model);
-    GGML_UNUSED(il);
+void llama_oscar_copy_cparams(const llama_context_params & params, llama_cparams & cparams) {
+    cparams.oscar_sink        = params.oscar_sink;
+    cparams.oscar_recent      = params.oscar_recent;
+    cparams.oscar_window_type = params.oscar_window_type;
+    cparams.oscar_rot         = params.oscar_rot;
+    cparams.oscar_clip_k      = params.oscar_clip_k;
+    cparams.oscar_clip_v      = params.oscar_clip_v;
+    cparams.oscar_strict      = params.oscar_strict;
+}
+
+static bool model_has_rotations(const llama_model & model) {
+    for (const auto & layer : model.layers) {
+        if (layer.attn_k_rot || layer.attn_v_rot) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void configure_cache(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams) {
+    auto oscar = std::make_shared<llama_oscar_kv>();
+    const auto & hp = model.hparams;
+
+    oscar->rot_mode = (llama_oscar_rot_mode) cparams.oscar_rot;
+    oscar->clip_k.resize(hp.n_layer_all);
+    oscar->clip_v.resize(hp.n_layer_all);
+    for (uint32_t il = 0; il < hp.n_layer_all; ++il) {
+        oscar->clip_k[il] = cparams.oscar_clip_k > 0.0f ? cparams.oscar_clip_k : hp.oscar_clip_k[il];
+        oscar->clip_v[il] = cparams.oscar_clip_v > 0.0f ? cparams.oscar_clip_v : hp.oscar_clip_v[il];
+    }
+
+    if (oscar->rot_mode == LLAMA_OSCAR_ROT_NONE) {
+        // like LLAMA_ATTN_ROT_DISABLE: no calibrated rotation and no Hadamard
+        llama_oscar_kv_access::attn_rot(kv, false, false);
+    }
+
+    llama_oscar_kv_access::set(kv, oscar);
+    llama_oscar_window_configure(kv, model, cparams);
+}
+
+void llama_oscar_configure_memory(llama_memory_i * memory, const llama_model & model, const llama_cparams & cparams) {
+    if (memory == nullptr) {
+        return;
+    }
+    std::vector<llama_kv_cache *> caches;
+    if (auto * kv = dynamic_cast<llama_kv_cache *>(memory)) {
+        caches.push_back(kv);
+    } else if (auto * iswa = dynamic_cast<llama_kv_cache_iswa *>(memory)) {
+        caches.push_back(iswa->get_base());
+        caches.push_back(iswa->get_swa());
+    } else if (auto * hyb = dynamic_cast<llama_memory_hybrid *>(memory)) {
+        caches.push_back(hyb->get_mem_attn());
+    } else if (auto * hyb_iswa = dynamic_cast<llama_memory_hybrid_iswa *>(memory)) {
+        caches.push_back(hyb_iswa->get_mem_attn()->get_base());
+        caches.push_back(hyb_iswa->get_mem_attn()->get_swa());
+    }
+
+    bool any_oscar2 = false;
+    for (auto * kv : caches) {
+        if (kv) {
+            any_oscar2 = any_oscar2 || is_oscar2(kv->type_k()) || is_oscar2(kv->type_v());
+            configure_cache(*kv, model, cparams);
+        }
+    }
+
+    const bool has_rot = model_has_rotations(model);
+    if (any_oscar2 && cparams.oscar_rot == LLAMA_OSCAR_ROT_GGUF && !has_rot) {
+        if (cparams.oscar_strict) {
+            throw std::runtime_error("oscar: the oscar2 KV cache was requested with --oscar-strict, but this GGUF "
+                    "carries no OSCAR rotations; add them with oscar-convert");
+        }
+        LLAMA_LOG_WARN("%s: this GGUF carries no OSCAR rotations: oscar2 falls back to the built-in Hadamard rotation "
+                "(quality is lower; add rotations with oscar-convert, or pass --oscar-strict to make this an error)\n", __func__);
+    }
+    if (has_rot && cparams.oscar_rot == LLAMA_OSCAR_ROT_GGUF) {
+        LLAMA_LOG_INFO("%s: applying the OSCAR rotations of this GGUF to the KV cache\n", __func__);
+    }
+}
+
+// ---- cache writes ------------------------------------------------------------------------
+
+float llama_oscar_layer_clip(const llama_kv_cache & kv, int32_t il, bool v) {
+    const auto & oscar = llama_oscar_kv_access::get(kv);
+    if (oscar && il >= 0 && (size_t) il < oscar->clip_k.size()) {
+        return v ? oscar->clip_v[il] : oscar->clip_k[il];
+    }
     return v ? OSCAR2_DEFAULT_CLIP_V : OSCAR2_DEFAULT_CLIP_K;
 }
 
@@ -78,4 +350,80 @@ ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip) {
         memcpy(node->op_params, &clip, sizeof(float));
     }
     return node;
+}
+
+// ---- rotations in the graph ------------------------------------------------------------------
+
+static llama_oscar_rot layer_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had, bool v) {
+    llama_oscar_rot rot;
+    const auto & oscar = llama_oscar_kv_access::get(kv);
+    const llama_oscar_rot_mode mode = oscar ? oscar->rot_mode : LLAMA_OSCAR_ROT_GGUF;
+    if (mode == LLAMA_OSCAR_ROT_NONE) {
+        return rot;
+    }
+    if (mode == LLAMA_OSCAR_ROT_GGUF) {
+        const auto & model = llama_oscar_kv_access::model(kv);
+        if (il >= 0 && (size_t) il < model.layers.size()) {
+            rot.r = v ? model.layers[il].attn_v_rot : model.layers[il].attn_k_rot;
+        }
+    }
+    if (!rot.r) {
+        rot.had = had;
+    }
+    return rot;
+}
+
+llama_oscar_rot llama_oscar_k_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had) {
+    return layer_rot(kv, il, had, false);
+}
+
+llama_oscar_rot llama_oscar_v_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had) {
+    return layer_rot(kv, il, had, true);
+}
+
+ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llama_oscar_rot & rot, bool inverse) {
+    if (!rot.r) {
+        // upstream's Hadamard: symmetric and its own inverse, applied with its fast-transform hint
+        return rot.had ? llama_mul_mat_hadamard(ctx, x, rot.had) : x;
+    }
+    const int64_t d = rot.r->ne[0];
+    GGML_ASSERT(x->ne[0] == d && "OSCAR rotation size must equal the head size");
+    ggml_tensor * x2 = ggml_is_contiguous(x) ? ggml_reshape_2d(ctx, x, d, ggml_nelements(x)/d)
+                                             : ggml_cont_2d(ctx, x, d, ggml_nelements(x)/d);
+    // ggml_mul_mat(A, x) = x @ A^T for A stored row-major: with A = R this is x @ R^T (the
+    // inverse); for x @ R we multiply by R^T, made contiguous once per graph (d*d floats)
+    ggml_tensor * a = inverse ? rot.r : ggml_cont(ctx, ggml_transpose(ctx, rot.r));
+    ggml_tensor * y = ggml_mul_mat(ctx, a, x2);
+    return ggml_reshape_4d(ctx, y, x->ne[0], x->ne[1], x->ne[2], x->ne[3]);
+}
+
+void llama_oscar_rotate_qkv(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_k, ggml_tensor * had_v, ggml_tensor *& q, ggml_tensor *& k, ggml_tensor *& v) {
+    const llama_kv_cache & kv = *mctx->get_kv();
+    const llama_oscar_rot rk = llama_oscar_k_rot(kv, il, had_k);
+    if (rk) {
+        // scores are unchanged: (q R)(k R)^T = q k^T for an orthogonal R
+        q = llama_oscar_rotate(ctx, q, rk, false);
+        if (k) {
+            k = llama_oscar_rotate(ctx, k, rk, false);
+        }
+    }
+    const llama_oscar_rot rv = llama_oscar_v_rot(kv, il, had_v);
+    if (rv && v) {
+        v = llama_oscar_rotate(ctx, v, rv, false);
+    }
+}
+
+ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_v, ggml_tensor * cur) {
+    const llama_oscar_rot rv = llama_oscar_v_rot(*mctx->get_kv(), il, had_v);
+    if (!rv) {
+        return cur;
+    }
+    // the output is a mix of rotated values: sum_t a_t (v_t R) = (sum_t a_t v_t) R, so R^T undoes it;
+    // cur is [d*n_head, n_tokens]: view it per head
+    const int64_t d = rv.r ? rv.r->ne[0] : rv.had->ne[0];
+    ggml_tensor * per_head = ggml_reshape_3d(ctx, cur, d, cur->ne[0]/d, ggml_nelements(cur)/cur->ne[0]);
+    ggml_tensor * y = llama_oscar_rotate(ctx, per_head, rv, true);
+    return ggml_reshape_2d(ctx, y, cur->ne[0], cur->ne[1]);
 }

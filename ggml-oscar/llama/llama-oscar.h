@@ -1,25 +1,92 @@
 // llama-oscar.h: libllama-internal entry points of oscar-gguf.
 //
-// The patches in llama.cpp/patches call these from llama-context.cpp, llama-kv-cache.cpp,
-// llama-graph.cpp and llama-model.cpp; the logic lives in llama-oscar.cpp.
+// The patches in llama.cpp/patches call these from llama-model.cpp, llama-context.cpp,
+// llama-kv-cache.cpp and llama-graph.cpp; all the logic lives in llama-oscar.cpp (and
+// llama-oscar-window.cpp for the high-precision window), so that the patches stay small.
+//
+// Names shared with the Python side (oscar_gguf/gguf_keys.py):
+//   tensors  blk.{i}.attn_k_rot, blk.{i}.attn_v_rot   f32 [d, d], row-major R, x_rot = x @ R
+//   keys     oscar.format_version, oscar.group_size, oscar.clip_k, oscar.clip_v,
+//            oscar.window.sink, oscar.window.recent, oscar.rope_layout
 #pragma once
 
 #include "llama.h"
 #include "ggml.h"
 
 #include <cstdint>
+#include <memory>
 
+struct gguf_context;
 struct llama_model;
+struct llama_hparams;
+struct llama_cparams;
+struct llama_layer;
+class  llama_kv_cache;
+class  llama_kv_cache_context;
+struct llama_memory_i;
+
+// ---- model load -----------------------------------------------------------------------------
+
+// Read the oscar.* metadata into hparams (clip ratios per layer, window defaults). Throws
+// std::runtime_error with a clear message on malformed metadata.
+void llama_oscar_load_hparams(const gguf_context * meta, llama_hparams & hparams);
+
+// Whether this architecture builds its attention through the generic KV-cache path that
+// applies per-layer rotations (MLA and custom-attention models do not).
+bool llama_oscar_arch_takes_rotations(const llama_model & model);
+
+// After the tensor data is loaded: check that every rotation is finite and orthogonal.
+// Throws std::runtime_error naming the first bad tensor.
+void llama_oscar_validate_rotations(const llama_model & model);
+
+// ---- context creation ----------------------------------------------------------------------
 
 // oscar2 in --cache-type-k/v: check flash attention (turn it on when it is "auto", refuse
 // when it is off) and pick the group size per model: oscar2 (G=128) when every layer's head
-// size is a multiple of 128, oscar2_64 when they are multiples of 64. Logs one line and
-// returns false on anything we cannot serve.
+// size is a multiple of 128, oscar2_64 when they are multiples of 64. Also validates the
+// oscar_* context parameters. Logs one line and returns false on anything we cannot serve.
 bool llama_oscar_resolve_cache_types(const llama_model & model, llama_context_params & params);
 
-// Clip ratio for writes of layer il into an oscar2 K (v = false) or V (v = true) cache.
-float llama_oscar_layer_clip(const llama_model & model, int32_t il, bool v);
+// Copy the oscar_* fields of the public parameters into the internal ones.
+void llama_oscar_copy_cparams(const llama_context_params & params, llama_cparams & cparams);
+
+// Attach the oscar settings (clip ratios, rotation source, window) to every KV cache of the
+// memory module. Throws std::runtime_error (e.g. --oscar-strict without rotations).
+void llama_oscar_configure_memory(llama_memory_i * memory, const llama_model & model, const llama_cparams & cparams);
+
+// ---- cache writes ------------------------------------------------------------------------
+
+// Clip ratio for writes of model layer il into an oscar2 K (v = false) or V (v = true) cache.
+float llama_oscar_layer_clip(const llama_kv_cache & kv, int32_t il, bool v);
 
 // Tag a set_rows / cpy node that writes into an oscar2 tensor with its clip ratio
 // (op_params[0]; no backend reads set_rows or cpy params otherwise). Other types pass through.
 ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip);
+
+// ---- rotations in the graph ------------------------------------------------------------------
+
+// The rotation that maps a layer's keys (or values) into the cache's basis: the layer's own
+// calibrated R from the GGUF, or upstream's Hadamard (its own inverse), or none.
+struct llama_oscar_rot {
+    ggml_tensor * r   = nullptr; // per-layer R, row-major as stored in the GGUF
+    ggml_tensor * had = nullptr; // upstream Hadamard graph input
+    explicit operator bool() const { return r != nullptr || had != nullptr; }
+};
+
+llama_oscar_rot llama_oscar_k_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had);
+llama_oscar_rot llama_oscar_v_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had);
+
+// x @ R (inverse = false) or x @ R^T (inverse = true) on the last dimension of x
+// (x: [d, ...]). A plain matmul: the Hadamard hint must not be set for a calibrated R.
+ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llama_oscar_rot & rot, bool inverse);
+
+// build_attn helpers: rotate q/k/v into the cache basis of layer il, and the attention output
+// back. mctx is the layer's KV cache context; had_k/had_v are upstream's Hadamard inputs.
+void llama_oscar_rotate_qkv(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_k, ggml_tensor * had_v, ggml_tensor *& q, ggml_tensor *& k, ggml_tensor *& v);
+ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_v, ggml_tensor * cur);
+
+// ---- per-cache state ---------------------------------------------------------------------
+
+struct llama_oscar_kv; // owned by llama_kv_cache (shared_ptr member "oscar")

@@ -1,0 +1,49 @@
+// llama-oscar-kv.h: the oscar state a llama_kv_cache carries, and our access to the cache.
+//
+// llama_kv_cache (patched) holds `std::shared_ptr<llama_oscar_kv> oscar` and declares
+// `friend struct llama_oscar_kv_access`, so that all oscar logic can live in ggml-oscar/
+// while reading the cache's private layout (layers, cells, streams).
+#pragma once
+
+#include "llama-oscar.h"
+#include "llama-kv-cache.h"
+
+#include <memory>
+#include <vector>
+
+enum llama_oscar_rot_mode {
+    LLAMA_OSCAR_ROT_GGUF     = 0, // per-layer rotations of the GGUF, Hadamard where there are none
+    LLAMA_OSCAR_ROT_HADAMARD = 1, // ignore the GGUF's rotations (ablation baseline)
+    LLAMA_OSCAR_ROT_NONE     = 2, // no rotation at all
+};
+
+struct llama_oscar_window; // llama-oscar-window.h
+
+struct llama_oscar_kv {
+    llama_oscar_rot_mode rot_mode = LLAMA_OSCAR_ROT_GGUF;
+
+    // clip ratios by model layer index
+    std::vector<float> clip_k;
+    std::vector<float> clip_v;
+
+    // high-precision sink + recent window; null when disabled
+    std::shared_ptr<llama_oscar_window> window;
+};
+
+struct llama_oscar_kv_access {
+    static const std::shared_ptr<llama_oscar_kv> & get(const llama_kv_cache & kv) { return kv.oscar; }
+    static void set(llama_kv_cache & kv, std::shared_ptr<llama_oscar_kv> o) { kv.oscar = std::move(o); }
+    static const llama_model & model(const llama_kv_cache & kv) { return kv.model; }
+    static void attn_rot(llama_kv_cache & kv, bool k, bool v) { kv.attn_rot_k = k; kv.attn_rot_v = v; }
+
+    // layout the window store mirrors
+    static const auto & layers(const llama_kv_cache & kv) { return kv.layers; }
+    static const auto & map_layer_ids(const llama_kv_cache & kv) { return kv.map_layer_ids; }
+    static const auto & cells(const llama_kv_cache & kv) { return kv.v_cells; }
+    static const auto & seq_to_stream(const llama_kv_cache & kv) { return kv.seq_to_stream; }
+    static uint32_t n_stream(const llama_kv_cache & kv) { return kv.n_stream; }
+    static bool v_trans(const llama_kv_cache & kv) { return kv.v_trans; }
+};
+
+// window configuration (llama-oscar-window.cpp); a no-op when the window is disabled
+void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams);
