@@ -13,6 +13,8 @@
 #include "oscar2.h"
 #include "oscar2-cpu.h"
 
+#include "ggml.h"
+
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -164,4 +166,21 @@ void oscar2_cpu_from_float(const float * x, void * y, int64_t k) {
 
 void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k) {
     oscar2_quantize_row_g(x, y, k, QK_OSCAR2_64, 1.0f);
+}
+
+// ---- high-precision window rows in the CPU flash attention -------------------------------
+
+float oscar2_cpu_window_kq(const void * k_row, int type, const float * q, int64_t dk) {
+    float k32[1024];
+    GGML_ASSERT(dk <= 1024);
+    ggml_get_type_traits((enum ggml_type) type)->to_float(k_row, k32, dk);
+    float s = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {
+        s += k32[i]*q[i];
+    }
+    return s;
+}
+
+void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) {
+    ggml_get_type_traits((enum ggml_type) type)->to_float(v_row, out, dv);
 }

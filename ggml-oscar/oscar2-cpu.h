@@ -22,6 +22,11 @@ void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k);
 // quantize a row into a cache of `type` (an oscar2 type id) with a clip ratio
 void oscar2_cpu_quantize_row(int type, const float * x, void * y, int64_t k, float clip);
 
+// flash attention over the high-precision window rows (f16/bf16, widened to f32):
+// the K.Q of one row with the f32 query, and one V row widened into out
+float oscar2_cpu_window_kq(const void * k_row, int type, const float * q, int64_t dk);
+void  oscar2_cpu_window_v (const void * v_row, int type, float * out, int64_t dv);
+
 #ifdef __cplusplus
 }
 #endif

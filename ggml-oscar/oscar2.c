@@ -134,10 +134,13 @@ static void quantize_group(const float * x, int G, float clip, uint16_t * d_out,
 static void dequantize_group(const uint16_t dh, const uint16_t mh, const uint8_t * qs, int G, float * y) {
     const float d = oscar_fp16_to_fp32(dh);
     const float m = oscar_fp16_to_fp32(mh);
+    // the four levels, each computed as m + q*d exactly as the format defines
+    const float lv[4] = { m + 0.0f*d, m + 1.0f*d, m + 2.0f*d, m + 3.0f*d };
     const int nb = G/4;
-    for (int i = 0; i < G; ++i) {
-        const int q = (qs[i % nb] >> (2*(i / nb))) & 3;
-        y[i] = m + (float) q * d;
+    for (int s = 0; s < 4; ++s) {
+        for (int b = 0; b < nb; ++b) {
+            y[s*nb + b] = lv[(qs[b] >> (2*s)) & 3];
+        }
     }
 }
 

@@ -92,3 +92,57 @@ def test_cpu_cache_write_and_flash_attention(ops_exe, tmp_path, kt, vt, D, n_kv,
     # with an f16 V it accumulates in f16: ~1e-3 (measured 4e-4)
     tol = 5e-3 if "f16" in (kt, vt) else 1e-4
     assert err < tol, f"flash attention error {err:.2e}"
+
+
+WINDOW_CASES = [
+    # kt, vt, D, n_kv, n_q, H, H_KV, n_hp
+    ("oscar2_64", "oscar2_64", 64, 200, 1, 9, 3, 40),
+    ("oscar2", "oscar2", 128, 300, 3, 8, 2, 70),
+    ("oscar2", "f16", 128, 150, 2, 4, 2, 16),
+]
+
+
+@pytest.mark.parametrize("kt,vt,D,n_kv,n_q,H,H_kv,n_hp", WINDOW_CASES)
+def test_cpu_flash_attention_store_split(ops_exe, tmp_path, kt, vt, D, n_kv, n_q, H, H_kv, n_hp):
+    """Window positions contribute exactly as f16 values, the others exactly as oscar2 values.
+
+    Cells 0..n_hp-1 of the cache are "in the window": their cache column is masked and their f16
+    copy is a window row. The reference attention reads the f16 copies for those positions and the
+    INT2 values for all others; the f16 copies differ from the INT2 ones, so the split is observable.
+    """
+    rng = np.random.default_rng(D + n_hp)
+    q = rng.standard_normal((H, n_q, D)).astype(np.float32)
+    k = (rng.standard_normal((n_kv, H_kv, D)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_kv, H_kv, D)).astype(np.float32)
+    window = rng.choice(n_kv, n_hp, replace=False)          # cells held in the window
+    slots = rng.permutation(n_hp)                            # slot order differs from cell order
+    cell_of_slot = window[slots]
+    mask = np.zeros((n_q, n_kv + n_hp), np.float32)
+    mask[:, window] = -np.inf                                # read from the window, not the cache
+    hole = rng.integers(0, n_kv)
+    mask[:, hole] = -np.inf
+    mask[:, n_kv + np.nonzero(cell_of_slot == hole)[0]] = -np.inf
+    khp = k[cell_of_slot].reshape(n_hp, -1)
+    vhp = v[cell_of_slot].reshape(n_hp, -1)
+    for name, a in (("q", q), ("k", k), ("v", v), ("khp", khp), ("vhp", vhp)):
+        a.astype(np.float32).tofile(tmp_path / f"{name}.f32")
+    mask.astype(np.float16).tofile(tmp_path / "mask.f16")
+    subprocess.run([str(ops_exe), kt, vt, str(D), str(D), str(n_kv), str(n_q), str(H), str(H_kv),
+                    "0.96", "0.92", "2", str(tmp_path), str(n_hp)], check=True)
+    out = np.fromfile(tmp_path / "out.f32", np.float32).reshape(n_q, H, D)
+
+    k_ref = reference_values(kt, k.reshape(n_kv, -1), 0.96).reshape(k.shape)
+    v_ref = reference_values(vt, v.reshape(n_kv, -1), 0.92).reshape(v.shape)
+    k16 = k.astype(np.float16).astype(np.float32)
+    v16 = v.astype(np.float16).astype(np.float32)
+    k_mix, v_mix = k_ref.copy(), v_ref.copy()
+    k_mix[window], v_mix[window] = k16[window], v16[window]
+    cache_mask = mask[:, :n_kv].copy()
+    cache_mask[:, window] = 0.0
+    cache_mask[:, hole] = -np.inf
+    ref = attention64(q, k_mix, v_mix, cache_mask, H_kv)
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < (5e-3 if vt == "f16" else 1e-4), f"store split error {err:.2e}"
+    # and the split matters: reading the INT2 values everywhere gives a clearly different answer
+    wrong = attention64(q, k_ref, v_ref, cache_mask, H_kv)
+    assert np.abs(wrong - ref).max() / np.abs(ref).max() > 10 * err

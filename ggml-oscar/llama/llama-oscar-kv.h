@@ -43,6 +43,14 @@ struct llama_oscar_kv_access {
     static const auto & seq_to_stream(const llama_kv_cache & kv) { return kv.seq_to_stream; }
     static uint32_t n_stream(const llama_kv_cache & kv) { return kv.n_stream; }
     static bool v_trans(const llama_kv_cache & kv) { return kv.v_trans; }
+    static llama_swa_type swa_type(const llama_kv_cache & kv) { return kv.swa_type; }
+
+    // the cache's own K-shift step (un-rotate, RoPE, re-rotate, store back)
+    static ggml_tensor * rope_shift(const llama_kv_cache & kv, const llama_cparams & cparams, ggml_context * ctx,
+            ggml_tensor * cur, ggml_tensor * shift, ggml_tensor * rot, ggml_tensor * factors,
+            float freq_base, float freq_scale, uint32_t il) {
+        return kv.build_rope_shift(cparams, ctx, cur, shift, rot, factors, freq_base, freq_scale, il);
+    }
 };
 
 // window configuration (llama-oscar-window.cpp); a no-op when the window is disabled

@@ -1,10 +1,576 @@
-// llama-oscar-window.cpp: the high-precision sink + recent window of the KV cache.
-// (placeholder until the window lands; see issue 6)
+// llama-oscar-window.cpp: the high-precision sink + recent window (design in llama-oscar-window.h).
 
-#include "llama-oscar-kv.h"
+#include "llama-oscar-window.h"
 
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-model.h"
+#include "llama-batch.h"
+#include "llama-graph.h"
 #include "llama-cparams.h"
 
+#include "../oscar2-ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+static const uint32_t HP_PAD = 64; // window rows read by attention are padded to this
+
+const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv) {
+    const auto & o = llama_oscar_kv_access::get(kv);
+    return o ? o->window.get() : nullptr;
+}
+
+static llama_oscar_window * window_mut(const llama_kv_cache & kv) {
+    const auto & o = llama_oscar_kv_access::get(kv);
+    return o ? o->window.get() : nullptr;
+}
+
+static bool is_oscar2(ggml_type t) {
+    return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
+}
+
+// ---- configuration --------------------------------------------------------------------------
+
 void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams) {
-    (void) kv; (void) model; (void) cparams;
+    auto & oscar = llama_oscar_kv_access::get(kv);
+    if (!oscar || !(is_oscar2(kv.type_k()) || is_oscar2(kv.type_v()))) {
+        return; // the window only makes sense next to an INT2 cache
+    }
+    if (llama_oscar_kv_access::swa_type(kv) != LLAMA_SWA_TYPE_NONE) {
+        return; // a sliding-window cache holds n_swa + n_ubatch cells: no room for a window
+    }
+    const auto & hp = model.hparams;
+    const uint32_t sink   = cparams.oscar_sink   >= 0 ? (uint32_t) cparams.oscar_sink   : hp.oscar_sink;
+    const uint32_t recent = cparams.oscar_recent >= 0 ? (uint32_t) cparams.oscar_recent : hp.oscar_recent;
+    if (sink == 0 && recent == 0) {
+        LLAMA_LOG_INFO("%s: oscar window disabled (sink 0, recent 0): every token is read from INT2\n", __func__);
+        return;
+    }
+    const uint32_t kv_size = kv.get_size();
+    if ((uint64_t) sink + recent > kv_size) {
+        throw std::runtime_error("oscar: the high-precision window (sink " + std::to_string(sink) + " + recent " +
+                std::to_string(recent) + " tokens) is larger than the context (" + std::to_string(kv_size) +
+                " cells): use a larger -c, a smaller --oscar-sink/--oscar-recent, or an f16 cache");
+    }
+    if (cparams.oscar_window_type != GGML_TYPE_F16 && cparams.oscar_window_type != GGML_TYPE_BF16) {
+        throw std::runtime_error(std::string("oscar: the window type must be f16 or bf16, got ") + ggml_type_name(cparams.oscar_window_type));
+    }
+
+    auto w = std::make_shared<llama_oscar_window>();
+    w->sink   = sink;
+    w->recent = recent;
+    w->type   = cparams.oscar_window_type;
+
+    const uint32_t n_stream  = llama_oscar_kv_access::n_stream(kv);
+    const uint32_t n_seq_str = n_stream == 1 ? kv.get_n_seq_max() : 1; // sequences sharing one stream
+    w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent) + cparams.n_ubatch);
+
+    w->streams.resize(n_stream);
+    for (auto & st : w->streams) {
+        st.slot_cell.assign(w->n_slots, -1);
+        st.cell_slot.assign(kv_size, -1);
+        for (uint32_t i = 0; i < w->n_slots; ++i) {
+            st.free.insert(i);
+        }
+    }
+
+    // one tensor per layer and kind, in the buffer type of the layer's cache
+    const auto & layers = llama_oscar_kv_access::layers(kv);
+    std::map<ggml_backend_buffer_type_t, ggml_context_ptr> ctxs;
+    auto ctx_for = [&](ggml_backend_buffer_type_t buft) -> ggml_context * {
+        auto it = ctxs.find(buft);
+        if (it == ctxs.end()) {
+            ggml_init_params params = { 2*layers.size()*ggml_tensor_overhead(), nullptr, true };
+            it = ctxs.emplace(buft, ggml_context_ptr(ggml_init(params))).first;
+        }
+        return it->second.get();
+    };
+    w->k.resize(layers.size());
+    w->v.resize(layers.size());
+    for (size_t ikv = 0; ikv < layers.size(); ++ikv) {
+        const auto & layer = layers[ikv];
+        ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layer.k->buffer);
+        ggml_context * ctx = ctx_for(buft);
+        w->k[ikv] = ggml_new_tensor_3d(ctx, w->type, layer.k->ne[0], w->n_rows(), n_stream);
+        w->v[ikv] = ggml_new_tensor_3d(ctx, w->type, layer.v->ne[0], w->n_rows(), n_stream);
+        ggml_format_name(w->k[ikv], "oscar_window_k_l%d", layer.il);
+        ggml_format_name(w->v[ikv], "oscar_window_v_l%d", layer.il);
+    }
+    size_t total = 0;
+    for (auto & [buft, ctx] : ctxs) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft);
+        if (!buf) {
+            throw std::runtime_error("oscar: failed to allocate the high-precision window buffer");
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        total += ggml_backend_buffer_get_size(buf);
+        LLAMA_LOG_INFO("%s: %10s oscar window buffer size = %8.2f MiB\n", __func__, ggml_backend_buffer_name(buf),
+                ggml_backend_buffer_get_size(buf)/1024.0/1024.0);
+        w->ctxs_bufs.emplace_back(std::move(ctx), ggml_backend_buffer_ptr(buf));
+    }
+    LLAMA_LOG_INFO("%s: oscar window: sink %u + recent %u tokens per sequence in %s, %u slots x %u stream(s), %.2f MiB\n",
+            __func__, sink, recent, ggml_type_name(w->type), w->n_slots, n_stream, total/1024.0/1024.0);
+
+    oscar->window = std::move(w);
+}
+
+// ---- membership -------------------------------------------------------------------------
+
+static bool in_window(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c, llama_seq_id s) {
+    const llama_pos p = cells.pos_get(c);
+    if (p < (llama_pos) w.sink) {
+        return true;
+    }
+    return w.recent > 0 && (int64_t) p > (int64_t) cells.seq_pos_max(s) - (int64_t) w.recent;
+}
+
+static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c, uint32_t n_seq_max) {
+    if (cells.is_empty(c)) {
+        return false;
+    }
+    for (llama_seq_id s = 0; s < (llama_seq_id) n_seq_max; ++s) {
+        if (cells.seq_has(c, s) && in_window(w, cells, c, s)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void free_slot(llama_oscar_window::stream_slots & st, uint32_t slot) {
+    const int32_t c = st.slot_cell[slot];
+    if (c >= 0) {
+        st.cell_slot[c] = -1;
+    }
+    st.slot_cell[slot] = -1;
+    st.free.insert(slot);
+    while (st.high > 0 && st.slot_cell[st.high - 1] < 0) {
+        st.high--;
+    }
+}
+
+static int32_t alloc_slot(llama_oscar_window::stream_slots & st, uint32_t c) {
+    if (st.free.empty()) {
+        return -1;
+    }
+    const uint32_t slot = *st.free.begin();
+    st.free.erase(st.free.begin());
+    st.slot_cell[slot] = (int32_t) c;
+    st.cell_slot[c]    = (int32_t) slot;
+    st.high = std::max(st.high, slot + 1);
+    return (int32_t) slot;
+}
+
+static void update_n_hp(llama_oscar_window & w) {
+    uint32_t high = 0;
+    for (const auto & st : w.streams) {
+        high = std::max(high, st.high);
+    }
+    w.n_hp_cur = high == 0 ? 0 : std::min(w.n_slots, GGML_PAD(high, HP_PAD));
+}
+
+void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context & mctx) {
+    llama_oscar_window * w = window_mut(kv);
+    if (!w) {
+        return;
+    }
+    const auto & sinfo = mctx.get_sinfo();
+    const auto & v_cells  = llama_oscar_kv_access::cells(kv);
+    const uint32_t n_seq  = kv.get_n_seq_max();
+    for (uint32_t s = 0; s < sinfo.n_stream(); ++s) {
+        const uint32_t strm = sinfo.strm[s];
+        const auto & cells  = v_cells[strm];
+        auto & st = w->streams[strm];
+
+        // tokens that left every window (or cells emptied since) give their slot back
+        for (uint32_t slot = 0; slot < st.high; ++slot) {
+            const int32_t c = st.slot_cell[slot];
+            if (c >= 0 && !needs_slot(*w, cells, (uint32_t) c, n_seq)) {
+                free_slot(st, slot);
+            }
+        }
+        // the tokens of this ubatch: a slot if they are in a window after this ubatch
+        for (uint32_t c : sinfo.idxs[s]) {
+            const bool need = needs_slot(*w, cells, c, n_seq);
+            if (need && st.cell_slot[c] < 0) {
+                if (alloc_slot(st, c) < 0 && !w->warned_full) {
+                    LLAMA_LOG_WARN("%s: oscar window full (%u slots): some window tokens are read from INT2\n", __func__, w->n_slots);
+                    w->warned_full = true;
+                }
+            } else if (!need && st.cell_slot[c] >= 0) {
+                free_slot(st, (uint32_t) st.cell_slot[c]); // a stale slot of the cell's previous token
+            }
+        }
+    }
+    update_n_hp(*w);
+}
+
+void llama_oscar_window_clear(llama_kv_cache & kv) {
+    llama_oscar_window * w = window_mut(kv);
+    if (!w) {
+        return;
+    }
+    for (auto & st : w->streams) {
+        std::fill(st.slot_cell.begin(), st.slot_cell.end(), -1);
+        std::fill(st.cell_slot.begin(), st.cell_slot.end(), -1);
+        st.free.clear();
+        for (uint32_t i = 0; i < w->n_slots; ++i) {
+            st.free.insert(i);
+        }
+        st.high = 0;
+    }
+    w->n_hp_cur = 0;
+}
+
+uint32_t llama_oscar_window_n_hp(const llama_kv_cache_context * mctx) {
+    if (!mctx || !mctx->get_kv()) {
+        return 0;
+    }
+    const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
+    return w ? w->n_hp_cur : 0;
+}
+
+// ---- graph: inputs, writes, views -------------------------------------------------------------
+
+struct llama_oscar_window_inputs {
+    const llama_kv_cache_context * mctx = nullptr;
+    ggml_tensor * idxs = nullptr; // I64 [n_tokens]: global window row of each token (or the trash row)
+};
+
+std::shared_ptr<llama_oscar_window_inputs> llama_oscar_window_build_inputs(ggml_context * ctx,
+        const llama_kv_cache_context * mctx, const llama_ubatch & ubatch) {
+    if (!mctx || !mctx->get_kv() || !llama_oscar_window_of(*mctx->get_kv())) {
+        return nullptr;
+    }
+    auto inp = std::make_shared<llama_oscar_window_inputs>();
+    inp->mctx = mctx;
+    inp->idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, ubatch.n_tokens);
+    ggml_set_input(inp->idxs);
+    ggml_set_name(inp->idxs, "oscar_window_idxs");
+    return inp;
+}
+
+void llama_oscar_window_set_inputs(llama_oscar_window_inputs * inp, const llama_kv_cache_context * mctx, const llama_ubatch * ubatch) {
+    if (!inp || !inp->idxs || !inp->idxs->buffer) {
+        return;
+    }
+    inp->mctx = mctx;
+    const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
+    GGML_ASSERT(w && ggml_backend_buffer_is_host(inp->idxs->buffer));
+    const auto & sinfo = mctx->get_sinfo();
+    GGML_ASSERT((int64_t) ubatch->n_tokens == (int64_t) sinfo.size()*sinfo.n_stream());
+    int64_t * data = (int64_t *) inp->idxs->data;
+    for (uint32_t s = 0; s < sinfo.n_stream(); ++s) {
+        const uint32_t strm = sinfo.strm[s];
+        const auto & st = w->streams[strm];
+        for (uint32_t i = 0; i < sinfo.size(); ++i) {
+            const int32_t slot = st.cell_slot[sinfo.idxs[s][i]];
+            data[s*sinfo.size() + i] = (int64_t) strm*w->n_rows() + (slot >= 0 ? (uint32_t) slot : w->trash());
+        }
+    }
+}
+
+bool llama_oscar_window_can_reuse(const llama_oscar_window_inputs * inp, const llama_ubatch & ubatch) {
+    return !inp || (inp->idxs && inp->idxs->ne[0] == ubatch.n_tokens);
+}
+
+static ggml_tensor * store_one(ggml_context * ctx, ggml_tensor * dst, ggml_tensor * cur, ggml_tensor * idxs) {
+    const int64_t n_embd_gqa = cur->ne[0]*cur->ne[1];
+    const int64_t n_tokens   = cur->ne[2];
+    if (!ggml_is_contiguous(cur)) {
+        cur = ggml_cont(ctx, cur);
+    }
+    cur = ggml_reshape_2d(ctx, cur, n_embd_gqa, n_tokens);
+    GGML_ASSERT(n_embd_gqa <= dst->ne[0]);
+    ggml_tensor * dst2 = ggml_view_2d(ctx, dst, n_embd_gqa, dst->ne[1]*dst->ne[2], dst->nb[1], 0);
+    return ggml_set_rows(ctx, dst2, cur, idxs);
+}
+
+void llama_oscar_window_store(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx,
+        const llama_oscar_window_inputs * inp, ggml_tensor * k_cur, ggml_tensor * v_cur, int32_t il) {
+    if (!inp || !mctx) {
+        return;
+    }
+    const llama_kv_cache & kv = *mctx->get_kv();
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    if (!w) {
+        return;
+    }
+    const int32_t ikv = llama_oscar_kv_access::map_layer_ids(kv).at(il);
+    if (k_cur) {
+        ggml_build_forward_expand(gf, store_one(ctx, w->k[ikv], k_cur, inp->idxs));
+    }
+    if (v_cur) {
+        ggml_build_forward_expand(gf, store_one(ctx, w->v[ikv], v_cur, inp->idxs));
+    }
+}
+
+llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx, int32_t il) {
+    llama_oscar_fa_window res;
+    if (!mctx || !mctx->get_kv()) {
+        return res;
+    }
+    const llama_kv_cache & kv = *mctx->get_kv();
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    if (!w || w->n_hp_cur == 0) {
+        return res;
+    }
+    const auto & hp = llama_oscar_kv_access::model(kv).hparams;
+    const int32_t ikv = llama_oscar_kv_access::map_layer_ids(kv).at(il);
+    const auto & sinfo = mctx->get_sinfo();
+    const uint32_t ns = sinfo.s1 - sinfo.s0 + 1;
+    auto view = [&](ggml_tensor * t, int64_t d, int64_t n_head) {
+        return ggml_view_4d(ctx, t, d, w->n_hp_cur, n_head, ns,
+                t->nb[1], ggml_row_size(t->type, d), t->nb[2], t->nb[2]*sinfo.s0);
+    };
+    res.k = view(w->k[ikv], hp.n_embd_head_k(il), hp.n_head_kv(il));
+    res.v = view(w->v[ikv], hp.n_embd_head_v(il), hp.n_head_kv(il));
+    // in the graph before the attention node, so that the scheduler sees them as its inputs
+    ggml_build_forward_expand(gf, res.k);
+    ggml_build_forward_expand(gf, res.v);
+    return res;
+}
+
+void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w) {
+    if (fa && w.k && w.v) {
+        ggml_flash_attn_ext_add_window(fa, w.k, w.v);
+    }
+}
+
+// ---- mask ---------------------------------------------------------------------------------------
+
+template <typename T>
+static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
+        const T * main, int64_t n_kv, ggml_tensor * dst) {
+    const auto & v_cells       = llama_oscar_kv_access::cells(kv);
+    const auto & seq_to_stream = llama_oscar_kv_access::seq_to_stream(kv);
+    const int64_t W        = dst->ne[0];
+    const int64_t n_hp     = W - n_kv;
+    const int64_t n_stream = dst->ne[3];
+    const int64_t n_tps    = ubatch->n_tokens/n_stream;
+    T * out = (T *) dst->data;
+    const T drop = llama_cast<T>(-INFINITY);
+
+    for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
+        const llama_seq_id seq = ubatch->seq_id[i][0];
+        const uint32_t strm    = seq_to_stream[seq];
+        const auto & cells     = v_cells[strm];
+        const auto & st        = w.streams[strm];
+        GGML_UNUSED(n_tps);
+        const T * src = main + i*n_kv;
+        T * row = out + i*W;
+
+        for (int64_t j = 0; j < n_kv; ++j) {
+            const bool hp = j < (int64_t) cells.size() && st.cell_slot[j] >= 0 && !cells.is_empty(j) && in_window(w, cells, j, seq);
+            row[j] = hp ? drop : src[j];
+        }
+        for (int64_t k = 0; k < n_hp; ++k) {
+            const int32_t c = k < (int64_t) w.n_slots ? st.slot_cell[k] : -1;
+            const bool vis = c >= 0 && c < n_kv && !cells.is_empty(c) && in_window(w, cells, c, seq);
+            row[n_kv + k] = vis ? src[c] : drop;
+        }
+    }
+}
+
+int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tensor * dst) {
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    if (!w || w->n_hp_cur == 0) {
+        return 0;
+    }
+    GGML_ASSERT(dst->ne[0] > (int64_t) w->n_hp_cur);
+    return w->n_hp_cur;
+}
+
+void llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch,
+        int64_t n_kv, const void * main) {
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    GGML_ASSERT(w);
+    if (dst->type == GGML_TYPE_F16) {
+        fill_mask<ggml_fp16_t>(kv, *w, ubatch, (const ggml_fp16_t *) main, n_kv, dst);
+    } else {
+        fill_mask<float>(kv, *w, ubatch, (const float *) main, n_kv, dst);
+    }
+}
+
+// ---- K shift ------------------------------------------------------------------------------------
+
+// per window row: the RoPE shift of the cell that owns it (0 for free and trash rows)
+class llama_oscar_window_shift_input : public llm_graph_input_i {
+public:
+    llama_oscar_window_shift_input(const llama_kv_cache & kv) : kv(kv) {}
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        const llama_oscar_window * w = llama_oscar_window_of(kv);
+        GGML_ASSERT(ggml_backend_buffer_is_host(shift->buffer));
+        int32_t * data = (int32_t *) shift->data;
+        const auto & v_cells = llama_oscar_kv_access::cells(kv);
+        for (uint32_t s = 0; s < w->streams.size(); ++s) {
+            const auto & st = w->streams[s];
+            for (uint32_t r = 0; r < w->n_rows(); ++r) {
+                const int32_t c = r < w->n_slots ? st.slot_cell[r] : -1;
+                data[s*w->n_rows() + r] = (c >= 0 && !v_cells[s].is_empty(c)) ? v_cells[s].get_shift(c) : 0;
+            }
+        }
+    }
+    ggml_tensor * shift = nullptr; // I32 [n_rows*n_stream]
+    const llama_kv_cache & kv;
+};
+
+void llama_oscar_window_build_shift(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_kv_cache & kv,
+        const llama_cparams & cparams, ggml_tensor * k_rot) {
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    if (!w) {
+        return;
+    }
+    const llama_model & model = llama_oscar_kv_access::model(kv);
+    const auto & hp = model.hparams;
+    auto inp = std::make_unique<llama_oscar_window_shift_input>(kv);
+    inp->shift = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) w->n_rows()*w->streams.size());
+    ggml_set_input(inp->shift);
+
+    const auto & layers = llama_oscar_kv_access::layers(kv);
+    for (size_t ikv = 0; ikv < layers.size(); ++ikv) {
+        const uint32_t il = layers[ikv].il;
+        if (!hp.has_rope(il)) {
+            continue;
+        }
+        ggml_tensor * t = w->k[ikv];
+        const int64_t d = hp.n_embd_head_k(il);
+        // whole heads: the rows are stored rotated, so the shift un-rotates, ropes and re-rotates
+        ggml_tensor * k = ggml_view_3d(ctx, t, d, hp.n_head_kv(il), t->ne[1]*t->ne[2],
+                ggml_row_size(t->type, d), t->nb[1], 0);
+        ggml_tensor * cur = llama_oscar_kv_access::rope_shift(kv, cparams, ctx, k, inp->shift, k_rot,
+                model.get_rope_factors(cparams, il), model.get_rope_freq_base(cparams, il),
+                model.get_rope_freq_scale(cparams, il), il);
+        ggml_build_forward_expand(gf, cur);
+    }
+    res->add_input(std::move(inp));
+}
+
+// ---- stream copy (seq_cp across streams) ------------------------------------------------------
+
+void llama_oscar_window_copy_stream(llama_kv_cache & kv, uint32_t ssrc, uint32_t sdst) {
+    llama_oscar_window * w = window_mut(kv);
+    if (!w) {
+        return;
+    }
+    // the stream copy duplicates every cell, so the window follows whole: slots and rows
+    w->streams[sdst] = w->streams[ssrc];
+    for (size_t ikv = 0; ikv < w->k.size(); ++ikv) {
+        for (ggml_tensor * t : { w->k[ikv], w->v[ikv] }) {
+            const size_t nb = t->nb[2];
+            std::vector<uint8_t> buf(nb);
+            ggml_backend_tensor_get(t, buf.data(), nb*ssrc, nb);
+            ggml_backend_tensor_set(t, buf.data(), nb*sdst, nb);
+        }
+    }
+    update_n_hp(*w);
+}
+
+// ---- state save / load -----------------------------------------------------------------------
+
+static const uint32_t WINDOW_STATE_MAGIC = 0x5743534f; // "OSCW"
+
+void llama_oscar_window_state_write(const llama_kv_cache & kv, llama_io_write_i & io, uint32_t strm,
+        const std::vector<std::pair<uint32_t, uint32_t>> & cell_ranges) {
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    std::vector<uint32_t> cells;
+    for (const auto & [c0, c1] : cell_ranges) {
+        for (uint32_t c = c0; c < c1; ++c) {
+            cells.push_back(c);
+        }
+    }
+    const uint32_t magic = WINDOW_STATE_MAGIC;
+    io.write(&magic, sizeof(magic));
+    uint32_t n_rows = 0;
+    std::vector<uint32_t> order; // positions in `cells` that hold a window row
+    if (w) {
+        const auto & st = w->streams[strm];
+        for (uint32_t i = 0; i < cells.size(); ++i) {
+            if (st.cell_slot[cells[i]] >= 0) {
+                order.push_back(i);
+            }
+        }
+        n_rows = order.size();
+    }
+    const uint32_t type     = w ? (uint32_t) w->type : 0;
+    const uint32_t n_layers = w ? (uint32_t) w->k.size() : 0;
+    io.write(&n_rows,   sizeof(n_rows));
+    io.write(&type,     sizeof(type));
+    io.write(&n_layers, sizeof(n_layers));
+    if (n_rows == 0) {
+        return;
+    }
+    const auto & st = w->streams[strm];
+    for (uint32_t i : order) {
+        io.write(&i, sizeof(i));
+    }
+    for (uint32_t ikv = 0; ikv < n_layers; ++ikv) {
+        for (ggml_tensor * t : { w->k[ikv], w->v[ikv] }) {
+            const uint64_t row = t->nb[1];
+            io.write(&row, sizeof(row));
+            for (uint32_t i : order) {
+                const uint32_t slot = st.cell_slot[cells[i]];
+                io.write_tensor(t, strm*t->nb[2] + slot*row, row);
+            }
+        }
+    }
+}
+
+void llama_oscar_window_state_read(llama_kv_cache & kv, llama_io_read_i & io, uint32_t strm,
+        const std::vector<uint32_t> & cells) {
+    llama_oscar_window * w = window_mut(kv);
+    uint32_t magic = 0, n_rows = 0, type = 0, n_layers = 0;
+    io.read(&magic, sizeof(magic));
+    if (magic != WINDOW_STATE_MAGIC) {
+        throw std::runtime_error("oscar: the saved state has no oscar window section (saved by another build?)");
+    }
+    io.read(&n_rows,   sizeof(n_rows));
+    io.read(&type,     sizeof(type));
+    io.read(&n_layers, sizeof(n_layers));
+    if (n_rows == 0) {
+        return; // saved without window rows: the restored tokens are read from INT2
+    }
+    if (!w) {
+        throw std::runtime_error("oscar: the saved state carries a high-precision window, but this context has none "
+                "(load it with the same -ctk/-ctv oscar2 and --oscar-sink/--oscar-recent settings)");
+    }
+    if (type != (uint32_t) w->type || n_layers != w->k.size()) {
+        throw std::runtime_error("oscar: the saved window was made with another window type or layer count");
+    }
+    auto & st = w->streams[strm];
+    std::vector<uint32_t> slots(n_rows);
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        uint32_t i = 0;
+        io.read(&i, sizeof(i));
+        if (i >= cells.size()) {
+            throw std::runtime_error("oscar: corrupt window section in the saved state");
+        }
+        const uint32_t c = cells[i];
+        int32_t slot = st.cell_slot[c];
+        if (slot < 0) {
+            slot = alloc_slot(st, c);
+        }
+        if (slot < 0) {
+            throw std::runtime_error("oscar: the window of this context is too small for the saved state");
+        }
+        slots[r] = (uint32_t) slot;
+    }
+    for (uint32_t ikv = 0; ikv < n_layers; ++ikv) {
+        for (ggml_tensor * t : { w->k[ikv], w->v[ikv] }) {
+            uint64_t row = 0;
+            io.read(&row, sizeof(row));
+            if (row != t->nb[1]) {
+                throw std::runtime_error("oscar: the saved window rows have another size");
+            }
+            for (uint32_t r = 0; r < n_rows; ++r) {
+                io.read_tensor(t, strm*t->nb[2] + slots[r]*row, row);
+            }
+        }
+    }
+    update_n_hp(*w);
 }

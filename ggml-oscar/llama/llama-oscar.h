@@ -15,8 +15,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 struct gguf_context;
+struct ggml_cgraph;
+struct llama_ubatch;
+struct llm_graph_result;
+class  llama_io_write_i;
+class  llama_io_read_i;
 struct llama_model;
 struct llama_hparams;
 struct llama_cparams;
@@ -90,3 +97,51 @@ ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_
 // ---- per-cache state ---------------------------------------------------------------------
 
 struct llama_oscar_kv; // owned by llama_kv_cache (shared_ptr member "oscar")
+
+// ---- high-precision window (llama-oscar-window.cpp; design in llama-oscar-window.h) ---------
+
+struct llama_oscar_window_inputs; // per graph: where each token of the ubatch goes in the window
+
+// the window rows one attention node reads (none: both null)
+struct llama_oscar_fa_window {
+    ggml_tensor * k = nullptr;
+    ggml_tensor * v = nullptr;
+};
+
+// llama_kv_cache_context::apply(): assign window slots for the ubatch just applied
+void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context & mctx);
+// llama_kv_cache::clear()
+void llama_oscar_window_clear(llama_kv_cache & kv);
+// window rows attention reads for the current ubatch (0: no window); the mask has as many
+// extra columns
+uint32_t llama_oscar_window_n_hp(const llama_kv_cache_context * mctx);
+
+// graph inputs of the window (null when the cache has none)
+std::shared_ptr<llama_oscar_window_inputs> llama_oscar_window_build_inputs(ggml_context * ctx,
+        const llama_kv_cache_context * mctx, const llama_ubatch & ubatch);
+void llama_oscar_window_set_inputs(llama_oscar_window_inputs * inp, const llama_kv_cache_context * mctx, const llama_ubatch * ubatch);
+bool llama_oscar_window_can_reuse(const llama_oscar_window_inputs * inp, const llama_ubatch & ubatch);
+
+// build_attn: write k_cur/v_cur (already rotated) into the window, and the views attention reads
+void llama_oscar_window_store(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx,
+        const llama_oscar_window_inputs * inp, ggml_tensor * k_cur, ggml_tensor * v_cur, int32_t il);
+llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx, int32_t il);
+// build_attn_mha: give the flash-attention node its window rows
+void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w);
+
+// llama_kv_cache::set_input_kq_mask: number of window columns of dst, then the fill from the
+// cache-only mask main [rows][n_kv]
+int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tensor * dst);
+void    llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch,
+        int64_t n_kv, const void * main);
+
+// llama_kv_cache::build_graph_shift: shift the window's keys with their cells
+void llama_oscar_window_build_shift(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_kv_cache & kv,
+        const llama_cparams & cparams, ggml_tensor * k_rot);
+// llama_kv_cache::update(): a whole-stream copy takes the window along
+void llama_oscar_window_copy_stream(llama_kv_cache & kv, uint32_t ssrc, uint32_t sdst);
+// state save/load: the window rows of the given cells (in save order), after their cache data
+void llama_oscar_window_state_write(const llama_kv_cache & kv, llama_io_write_i & io, uint32_t strm,
+        const std::vector<std::pair<uint32_t, uint32_t>> & cell_ranges);
+void llama_oscar_window_state_read(llama_kv_cache & kv, llama_io_read_i & io, uint32_t strm,
+        const std::vector<uint32_t> & cells);

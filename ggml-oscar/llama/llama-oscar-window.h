@@ -1,0 +1,67 @@
+// llama-oscar-window.h: the high-precision sink + recent window of an oscar2 KV cache.
+//
+// What it is. For every sequence, the first S positions (the sink) and the last R positions
+// (the recent window) are read from a small f16/bf16 store; every other position is read
+// from the oscar2 cache. Every token is always written to the oscar2 cache as well, so a token
+// that leaves the window needs no copy: its slot is freed and the mask starts showing its
+// INT2 cell instead.
+//
+// Store. Per cache layer one tensor K [n_embd_k_gqa, n_rows, n_stream] and one V, n_rows =
+// n_slots + 1 (the last row is a trash row that takes the writes of tokens outside the
+// window). A slot pool per stream maps slot <-> cell. Slots are assigned in the real apply()
+// of a ubatch (never in prepare()'s simulation) and freed lazily when their cell no longer
+// needs them (empty, or outside the window of every sequence it belongs to).
+//
+// Reading. Flash attention gets the used slot range as extra rows (src[5]/src[6]) and the
+// mask grows by as many columns. For a query of sequence s, a cell is read from the window
+// iff it has a slot and lies in s's window; then its cache column is -inf and its window column
+// carries the cell's usual mask value. Otherwise the reverse. One online softmax, each
+// position once, per sequence exact even when sequences share cells.
+//
+// Limits (documented): after seq_rm shortens a sequence, cells that re-enter its recent
+// window have lost their f16 copy and are read from INT2; the same for cells shifted into
+// the sink range. A full slot pool (only with unusual position layouts) leaves a token in INT2.
+#pragma once
+
+#include "llama-oscar-kv.h"
+
+#include "ggml-cpp.h"
+
+#include <set>
+#include <utility>
+#include <vector>
+
+struct llama_ubatch;
+struct llm_graph_result;
+class  llama_io_write_i;
+class  llama_io_read_i;
+
+struct llama_oscar_window {
+    uint32_t  sink   = 0;
+    uint32_t  recent = 0;
+    ggml_type type   = GGML_TYPE_F16;
+
+    uint32_t n_slots = 0;                         // per stream
+    uint32_t n_rows() const { return n_slots + 1; } // + the trash row
+    uint32_t trash()  const { return n_slots; }
+
+    struct stream_slots {
+        std::vector<int32_t> slot_cell;   // [n_slots] owning cell, -1 = free
+        std::vector<int32_t> cell_slot;   // [kv_size] slot, -1 = none
+        std::set<uint32_t>   free;        // lowest first, so that the used range stays compact
+        uint32_t             high = 0;    // 1 + highest used slot
+    };
+    std::vector<stream_slots> streams;
+
+    // number of window rows flash attention reads for the current ubatch (padded high-water mark)
+    uint32_t n_hp_cur = 0;
+
+    std::vector<ggml_tensor *> k; // by cache layer index
+    std::vector<ggml_tensor *> v;
+    std::vector<std::pair<ggml_context_ptr, ggml_backend_buffer_ptr>> ctxs_bufs;
+
+    bool warned_full = false;
+};
+
+// the window of a cache, or null
+const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv);
