@@ -45,17 +45,27 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
         return; // a sliding-window cache holds n_swa + n_ubatch cells: no room for a window
     }
     const auto & hp = model.hparams;
-    const uint32_t sink   = cparams.oscar_sink   >= 0 ? (uint32_t) cparams.oscar_sink   : hp.oscar_sink;
-    const uint32_t recent = cparams.oscar_recent >= 0 ? (uint32_t) cparams.oscar_recent : hp.oscar_recent;
-    if (sink == 0 && recent == 0) {
+    const uint32_t sink0   = cparams.oscar_sink   >= 0 ? (uint32_t) cparams.oscar_sink   : hp.oscar_sink;
+    const uint32_t recent0 = cparams.oscar_recent >= 0 ? (uint32_t) cparams.oscar_recent : hp.oscar_recent;
+    const bool explicit_size = cparams.oscar_sink >= 0 || cparams.oscar_recent >= 0;
+    if (sink0 == 0 && recent0 == 0) {
         LLAMA_LOG_INFO("%s: oscar window disabled (sink 0, recent 0): every token is read from INT2\n", __func__);
         return;
     }
     const uint32_t kv_size = kv.get_size();
+    uint32_t sink   = sink0;
+    uint32_t recent = recent0;
     if ((uint64_t) sink + recent > kv_size) {
-        throw std::runtime_error("oscar: the high-precision window (sink " + std::to_string(sink) + " + recent " +
-                std::to_string(recent) + " tokens) is larger than the context (" + std::to_string(kv_size) +
-                " cells): use a larger -c, a smaller --oscar-sink/--oscar-recent, or an f16 cache");
+        if (explicit_size) {
+            throw std::runtime_error("oscar: the high-precision window (sink " + std::to_string(sink) + " + recent " +
+                    std::to_string(recent) + " tokens) is larger than the context (" + std::to_string(kv_size) +
+                    " cells): use a larger -c, a smaller --oscar-sink/--oscar-recent, or an f16 cache");
+        }
+        // the model's defaults do not fit a small context: keep their proportion
+        sink   = (uint32_t) ((uint64_t) sink0*kv_size/(sink0 + recent0));
+        recent = kv_size - sink;
+        LLAMA_LOG_WARN("%s: the default oscar window %u + %u does not fit %u cells: using %u + %u\n",
+                __func__, sink0, recent0, kv_size, sink, recent);
     }
     if (cparams.oscar_window_type != GGML_TYPE_F16 && cparams.oscar_window_type != GGML_TYPE_BF16) {
         throw std::runtime_error(std::string("oscar: the window type must be f16 or bf16, got ") + ggml_type_name(cparams.oscar_window_type));
@@ -68,7 +78,9 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
 
     const uint32_t n_stream  = llama_oscar_kv_access::n_stream(kv);
     const uint32_t n_seq_str = n_stream == 1 ? kv.get_n_seq_max() : 1; // sequences sharing one stream
-    w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent) + cparams.n_ubatch);
+    // after each ubatch a sequence needs at most S + R slots (its sink and recent positions);
+    // slots are freed before new ones are taken, so no room for a whole ubatch is needed
+    w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent));
 
     w->streams.resize(n_stream);
     for (auto & st : w->streams) {

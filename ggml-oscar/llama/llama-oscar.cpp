@@ -425,5 +425,7 @@ ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_
     const int64_t d = rv.r ? rv.r->ne[0] : rv.had->ne[0];
     ggml_tensor * per_head = ggml_reshape_3d(ctx, cur, d, cur->ne[0]/d, ggml_nelements(cur)/cur->ne[0]);
     ggml_tensor * y = llama_oscar_rotate(ctx, per_head, rv, true);
-    return ggml_reshape_2d(ctx, y, cur->ne[0], cur->ne[1]);
+    y = ggml_reshape_2d(ctx, y, cur->ne[0], cur->ne[1]);
+    ggml_format_name(y, "kqv_out_unrot-%d", il); // the attention output back in the model's basis
+    return y;
 }
