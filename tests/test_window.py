@@ -1,0 +1,172 @@
+"""Issue 6: the high-precision sink + recent window (CPU).
+
+Like test_rotations.py, the exact comparisons read layer 0's attention output (after the V
+rotation is undone) through the eval callback; the kernel-level store split is tested on hand-made
+data in test_oscar2_cpu.py::test_cpu_flash_attention_store_split.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from gguf_fixtures import PROMPT, with_rotations
+from oscar_gguf.lowlevel import Context, LlamaError, Model
+from oscar_gguf.runtime import LlamaServer, run_tool
+
+ATTN0 = "kqv_out_unrot-0"
+OSCAR = dict(type_k="oscar2", type_v="oscar2")
+
+
+@pytest.fixture(scope="module")
+def model(bundled_model, tmp_path_factory):
+    return with_rotations(bundled_model, tmp_path_factory.mktemp("win") / "random.gguf", "random")
+
+
+@pytest.fixture(scope="module")
+def tokens(bundled_model):
+    with Model(bundled_model) as m:
+        return m.tokenize(PROMPT * 8)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def last_attn(ctx) -> np.ndarray:
+    return ctx.captured[ATTN0][-1][..., -1, :].reshape(-1)
+
+
+def test_window_covering_the_whole_context_equals_f16(model, tokens):
+    toks = tokens[:100]
+    with Model(model) as m:
+        with Context(m, n_ctx=256, capture=[ATTN0]) as c:
+            c.decode(toks)
+            f16 = last_attn(c)
+        with Context(m, n_ctx=256, capture=[ATTN0], oscar_sink=16, oscar_recent=100, **OSCAR) as c:
+            c.decode(toks)
+            win = last_attn(c)
+        with Context(m, n_ctx=256, capture=[ATTN0], oscar_sink=0, oscar_recent=0, **OSCAR) as c:
+            c.decode(toks)
+            int2 = last_attn(c)
+    assert rel(win, f16) < 2e-3          # f16 window rows vs f16 cache: the same values
+    assert rel(int2, f16) > 0.05         # and the INT2 cache alone is clearly different
+
+
+def test_prefill_larger_than_the_window_in_one_or_many_ubatches(model, tokens):
+    """After the same tokens the cache holds the same INT2 rows and the same window, whatever the
+    ubatch size, so the next token attends identically."""
+    toks = tokens[:150]
+    outs = []
+    for n_ubatch in (512, 32):
+        with Model(model) as m, Context(m, n_ctx=512, n_batch=512, n_ubatch=n_ubatch, capture=[ATTN0],
+                                        oscar_sink=4, oscar_recent=24, **OSCAR) as c:
+            c.decode(toks)
+            c.decode(tokens[150:151], 150)
+            outs.append(last_attn(c))
+    assert rel(outs[0], outs[1]) < 1e-4
+
+
+def test_sequences_give_the_same_results_as_alone(model, tokens):
+    lens = {0: 40, 1: 90, 2: 25}
+    win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
+    alone = {}
+    with Model(model) as m:
+        for s, n in lens.items():
+            if s == 1:
+                continue
+            with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+                c.decode(tokens[:n])
+                c.decode([tokens[n]], n)
+                c.decode([tokens[n + 1]], n + 1)
+                alone[s] = last_attn(c)
+        for unified in (True, False):
+            with Context(m, n_ctx=768, n_seq_max=3, kv_unified=unified, capture=[ATTN0], **win) as c:
+                # seq 2 starts at a different offset of the text so that the sequences differ
+                c.decode_multi([(s, tokens[:n], 0) for s, n in lens.items()])
+                assert c.seq_rm(1, -1, -1)  # drop a whole sequence in the middle
+                for step in range(2):
+                    for s in (0, 2):
+                        c.decode([tokens[lens[s] + step]], lens[s] + step, seq=s)
+                        if step == 1:
+                            assert rel(last_attn(c), alone[s]) < 1e-4, (unified, s)
+
+
+def test_seq_cp_keep_add_div(model, tokens):
+    win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
+    with Model(model) as m:
+        with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+            c.decode(tokens[:50])
+            c.decode([tokens[60]], 50)
+            ref = last_attn(c)
+        with Context(m, n_ctx=512, n_seq_max=2, capture=[ATTN0], **win) as c:
+            c.decode(tokens[:50])
+            c.seq_cp(0, 1)           # shared prefix
+            c.decode([tokens[55]], 50, seq=0)
+            c.decode([tokens[60]], 50, seq=1)
+            assert rel(last_attn(c), ref) < 1e-4
+            c.seq_keep(1)
+            assert c.seq_pos_max(0) == -1
+            c.seq_add(1, 10, -1, 5)   # positions 10.. move by +5 (K shift, window keys too)
+            c.seq_div(1, 0, 10, 2)
+            lg = c.decode([tokens[61]], 56, seq=1)
+            assert np.all(np.isfinite(lg))
+
+
+def test_session_save_and_restore_continue_identically(model, tokens):
+    win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
+    with Model(model) as m:
+        with Context(m, n_ctx=256, **win) as c:
+            c.decode(tokens[:60])
+            state = c.state_get()
+            cont = [c.decode([t], 60 + i) for i, t in enumerate(tokens[60:64])]
+        with Context(m, n_ctx=256, **win) as c:
+            assert c.state_set(state) == len(state)
+            again = [c.decode([t], 60 + i) for i, t in enumerate(tokens[60:64])]
+        for a, b in zip(cont, again):
+            assert np.array_equal(a, b)
+        # a context without the window cannot take the saved window: a clear refusal, not garbage
+        with Context(m, n_ctx=256, oscar_sink=0, oscar_recent=0, **OSCAR) as c:
+            assert c.state_set(state) == 0
+
+
+def test_window_settings_are_checked(model):
+    with Model(model) as m:
+        with pytest.raises(LlamaError):
+            Context(m, n_ctx=256, oscar_sink=200, oscar_recent=200, **OSCAR)  # larger than the context
+
+
+def test_window_memory_is_in_the_kv_log(model, n_threads):
+    r = run_tool("llama-cli", ["-m", model, "-p", "Hi", "-n", "1", "-c", "1024", "-ctk", "oscar2", "-ctv", "oscar2",
+                               "-fa", "on", "-st", "-lv", "4", "-t", n_threads], timeout=300, check=False)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0
+    assert "oscar window buffer size" in log
+    # (S + R) x f16 bytes per token x 1 sequence, + one trash row:
+    # 321 x 30 layers x (K + V) x 192 values x 2 bytes = 7.05 MiB
+    assert "sink 64 + recent 256" in log and "320 slots" in log and "7.05 MiB" in log
+
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",
+           "List three colors:", "Water boils at a temperature of"]
+
+
+def test_server_parallel_requests_match_sequential(model, n_threads):
+    args = ["-c", "2048", "-np", "4", "-ctk", "oscar2", "-ctv", "oscar2", "-fa", "on", "--oscar-sink", "8",
+            "--oscar-recent", "32", "-t", n_threads, "--kv-unified"]
+    body = lambda p: {"prompt": p, "n_predict": 24, "temperature": 0, "cache_prompt": False, "seed": 1}
+    with LlamaServer(model, args) as srv:
+        alone = [srv.post("/completion", body(p))["content"] for p in PROMPTS]
+        together = [None] * len(PROMPTS)
+
+        def ask(i):
+            together[i] = srv.post("/completion", body(PROMPTS[i]))["content"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert all(isinstance(t, str) and t for t in together)
+    assert together == alone
