@@ -28,7 +28,8 @@ void ggml_flash_attn_ext_add_window(struct ggml_tensor * a, struct ggml_tensor *
 }
 
 bool ggml_oscar_backend_reads_window(const char * dev_name) {
-    // backends whose flash attention reads src[5]/src[6]; every other one must not take the op,
-    // or it would silently attend without the window
-    return dev_name != NULL && strcmp(dev_name, "CPU") == 0;
+    // backends whose flash attention reads src[5]/src[6] (CPU: ggml-cpu/ops.cpp; CUDA:
+    // ggml-oscar/cuda/oscar2-cuda.cu); every other one must not take the op, or it would
+    // silently attend without the window
+    return dev_name != NULL && (strcmp(dev_name, "CPU") == 0 || strncmp(dev_name, "CUDA", 4) == 0);
 }

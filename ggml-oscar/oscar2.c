@@ -79,10 +79,11 @@ static void quantize_group(const float * x, int G, float clip, uint16_t * d_out,
     float v[QK_OSCAR2];
     float a[QK_OSCAR2];
 
-    // 0. sanitize
+    // 0. sanitize (also flushing fp32 subnormals, so that a GPU running with flush-to-zero
+    //    quantizes exactly the same values)
     for (int i = 0; i < G; ++i) {
         const float xi = x[i];
-        v[i] = isfinite(xi) ? xi + 0.0f : 0.0f; // + 0.0f turns -0 into +0
+        v[i] = (isfinite(xi) && fabsf(xi) >= 1.17549435e-38f) ? xi + 0.0f : 0.0f; // + 0.0f turns -0 into +0
     }
 
     // 1. clip to the k-th smallest magnitude

@@ -25,7 +25,8 @@
 //
 // Quantization of a group x[0..G) with clip ratio c (DESIGN.md section 1), exactly:
 //   0. sanitize: a NaN or +-inf becomes 0, and -0 becomes +0. One bad value therefore
-//      damages only its own group, never the softmax of every later query.
+//      damages only its own group, never the softmax of every later query. fp32 subnormals
+//      (|x| < 2^-126) also become 0, as they would on a GPU that flushes them.
 //   1. clip: k = floor(c*G) in fp32. If 0 < c < 1 and k < G, tau = the k-th smallest
 //      (0-based) |x|, and x is clamped to [-tau, tau]. Any other c (1, 0 = "unset",
 //      negative, NaN) means no clipping.

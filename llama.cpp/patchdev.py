@@ -58,7 +58,7 @@ def export(src: Path) -> None:
     out = fetch.HERE / "patches"
     for p in out.glob("*.patch"):
         p.unlink()
-    git(src, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-stat",
+    git(src, "format-patch", "-q", "--zero-commit", "--no-signature", "--no-stat", "--no-numbered",
         "-o", str(out), "pristine..HEAD")
     for p in sorted(out.glob("*.patch")):
         print(p.name)

@@ -48,8 +48,14 @@ def clip_index(clip: float, group: int) -> int | None:
     return k if k < group else None
 
 
+FLT_MIN = np.float32(1.17549435e-38)
+
+
 def _sanitize(v: np.ndarray) -> np.ndarray:
-    v = np.where(np.isfinite(v), v, np.float32(0))
+    """Non-finite -> 0, fp32 subnormals -> 0, -0 -> +0 (see ggml-oscar/oscar2.h step 0)."""
+    with np.errstate(invalid="ignore"):
+        keep = np.isfinite(v) & (np.abs(v) >= FLT_MIN)
+    v = np.where(keep, v, np.float32(0))
     return (v + np.float32(0)).astype(np.float32)  # -0 -> +0
 
 

@@ -32,6 +32,7 @@ def cases(group: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     out["beyond_fp16"] = (rng.standard_normal(n) * 1e5).astype(np.float32)
     out["tiny_subnormal_scale"] = (rng.standard_normal(n) * 1e-7).astype(np.float32)
     out["signed_zeros"] = np.where(rng.random(n) < 0.5, -0.0, 0.0).astype(np.float32)
+    out["fp32_subnormals"] = (rng.standard_normal(n) * 1e-39).astype(np.float32)
     x = rng.integers(-2, 3, n).astype(np.float32)  # many ties at the thresholds
     out["ties"] = x
     return out

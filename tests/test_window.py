@@ -143,9 +143,9 @@ def test_window_memory_is_in_the_kv_log(model, n_threads):
     log = r.stdout + r.stderr
     assert r.returncode == 0
     assert "oscar window buffer size" in log
-    # (S + R) x f16 bytes per token x 1 sequence, + one trash row:
-    # 321 x 30 layers x (K + V) x 192 values x 2 bytes = 7.05 MiB
-    assert "sink 64 + recent 256" in log and "320 slots" in log and "7.05 MiB" in log
+    # (S + R) slots per sequence, stored as rows padded to 256 plus one trash row:
+    # 513 rows x 30 layers x (K + V) x 192 values x 2 bytes = 11.27 MiB
+    assert "sink 64 + recent 256" in log and "320 slots (513 rows)" in log and "11.27 MiB" in log
 
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",

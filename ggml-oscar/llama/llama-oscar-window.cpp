@@ -18,7 +18,9 @@
 #include <stdexcept>
 #include <string>
 
-static const uint32_t HP_PAD = 64; // window rows read by attention are padded to this
+// window rows read by attention are padded to this: with the cache's own padding of 256 cells, the
+// rows of [cache | window] stay a multiple of 256, which the tensor-core kernels expect
+static const uint32_t HP_PAD = 256;
 
 const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv) {
     const auto & o = llama_oscar_kv_access::get(kv);
@@ -81,6 +83,7 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
     // after each ubatch a sequence needs at most S + R slots (its sink and recent positions);
     // slots are freed before new ones are taken, so no room for a whole ubatch is needed
     w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent));
+    w->n_pad   = GGML_PAD(w->n_slots, HP_PAD);
 
     w->streams.resize(n_stream);
     for (auto & st : w->streams) {
@@ -125,8 +128,8 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
                 ggml_backend_buffer_get_size(buf)/1024.0/1024.0);
         w->ctxs_bufs.emplace_back(std::move(ctx), ggml_backend_buffer_ptr(buf));
     }
-    LLAMA_LOG_INFO("%s: oscar window: sink %u + recent %u tokens per sequence in %s, %u slots x %u stream(s), %.2f MiB\n",
-            __func__, sink, recent, ggml_type_name(w->type), w->n_slots, n_stream, total/1024.0/1024.0);
+    LLAMA_LOG_INFO("%s: oscar window: sink %u + recent %u tokens per sequence in %s, %u slots (%u rows) x %u stream(s), %.2f MiB\n",
+            __func__, sink, recent, ggml_type_name(w->type), w->n_slots, w->n_rows(), n_stream, total/1024.0/1024.0);
 
     oscar->window = std::move(w);
 }
@@ -182,7 +185,7 @@ static void update_n_hp(llama_oscar_window & w) {
     for (const auto & st : w.streams) {
         high = std::max(high, st.high);
     }
-    w.n_hp_cur = high == 0 ? 0 : std::min(w.n_slots, GGML_PAD(high, HP_PAD));
+    w.n_hp_cur = high == 0 ? 0 : std::min(w.n_pad, GGML_PAD(high, HP_PAD));
 }
 
 void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context & mctx) {
@@ -381,7 +384,7 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
             row[j] = hp ? drop : src[j];
         }
         for (int64_t k = 0; k < n_hp; ++k) {
-            const int32_t c = k < (int64_t) w.n_slots ? st.slot_cell[k] : -1;
+            const int32_t c = k < (int64_t) w.n_slots ? st.slot_cell[k] : -1; // padding rows: never visible
             const bool vis = c >= 0 && c < n_kv && !cells.is_empty(c) && in_window(w, cells, c, seq);
             row[n_kv + k] = vis ? src[c] : drop;
         }

@@ -42,8 +42,9 @@ struct llama_oscar_window {
     ggml_type type   = GGML_TYPE_F16;
 
     uint32_t n_slots = 0;                         // per stream
-    uint32_t n_rows() const { return n_slots + 1; } // + the trash row
-    uint32_t trash()  const { return n_slots; }
+    uint32_t n_pad   = 0;                         // n_slots rounded up to HP_PAD: rows attention may read
+    uint32_t n_rows() const { return n_pad + 1; }   // + the trash row
+    uint32_t trash()  const { return n_pad; }
 
     struct stream_slots {
         std::vector<int32_t> slot_cell;   // [n_slots] owning cell, -1 = free

@@ -1,0 +1,901 @@
+// oscar2-cuda.cu: CUDA kernels of the oscar2 KV cache (entry points in oscar2-cuda.cuh).
+//
+// Each kernel follows its plain reference in ../oscar2.c (quantize, dequantize) or the CPU
+// flash attention in ggml-cpu/ops.cpp (online softmax over cache rows, then window rows).
+// ggml-cuda compiles with -use_fast_math, so every rounding the format defines is spelled out
+// with an explicit intrinsic (__fdiv_rn, __float2half_rn); the code thresholds are exact
+// products, so FMA contraction cannot change them (see oscar2.h).
+
+#include "oscar2-cuda.cuh"
+
+#include "../../ggml-cuda/fattn.cuh"
+#include "../oscar2.h"
+
+#include <cfloat>
+#include <cstring>
+
+static bool is_oscar2(ggml_type t) {
+    return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
+}
+
+static constexpr __host__ __device__ int group_of(ggml_type t) {
+    return t == GGML_TYPE_OSCAR2 ? QK_OSCAR2 : QK_OSCAR2_64;
+}
+
+// ---- quantization: one team of G/4 lanes per group --------------------------------------------
+//
+// Lane b of a team owns byte b of qs and the four values b + s*G/4 (s = 0..3) that it packs.
+
+template <int G>
+static __device__ __forceinline__ float team_max(float v) {
+#pragma unroll
+    for (int off = G/8; off > 0; off >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, off, G/4));
+    }
+    return v;
+}
+
+template <int G>
+static __device__ __forceinline__ float team_min(float v) {
+#pragma unroll
+    for (int off = G/8; off > 0; off >>= 1) {
+        v = fminf(v, __shfl_xor_sync(0xffffffff, v, off, G/4));
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float sanitize(float x) {
+    // non-finite and fp32-subnormal values become +0 (oscar2.h step 0); bit tests, because
+    // -use_fast_math may assume away NaNs
+    const uint32_t u = __float_as_uint(x) & 0x7fffffffu;
+    return (u >= 0x7f800000u || u < 0x00800000u) ? 0.0f : __fadd_rn(x, 0.0f);
+}
+
+template <typename T> static __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<half>(half x) { return __half2float(x); }
+
+// one group: values v[4] of this lane -> the byte of codes; lane 0 of the team writes d and m
+template <int G>
+static __device__ __forceinline__ void quantize_group(float v[4], float clip, uint8_t * qs, uint16_t * dm, int b) {
+    constexpr int TEAM = G/4;
+    if (clip > 0.0f && clip < 1.0f) {
+        const int k = (int) floorf(__fmul_rn(clip, (float) G));
+        if (k < G) {
+            // rank of each |v| among the G values (ties by element index): tau has rank k
+            float a[4];
+            int   rank[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                a[s] = fabsf(v[s]);
+            }
+            for (int l = 0; l < TEAM; ++l) {
+#pragma unroll
+                for (int s2 = 0; s2 < 4; ++s2) {
+                    const float aj = __shfl_sync(0xffffffff, a[s2], l, TEAM);
+                    const int   ej = l + s2*TEAM;
+#pragma unroll
+                    for (int s = 0; s < 4; ++s) {
+                        const int e = b + s*TEAM;
+                        rank[s] += (aj < a[s]) || (aj == a[s] && ej < e);
+                    }
+                }
+            }
+            float cand = -1.0f;
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                cand = rank[s] == k ? a[s] : cand;
+            }
+            const float tau = team_max<G>(cand);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const float c = v[s] > tau ? tau : (v[s] < -tau ? -tau : v[s]);
+                v[s] = __fadd_rn(c, 0.0f);
+            }
+        }
+    }
+    float mn = fminf(fminf(v[0], v[1]), fminf(v[2], v[3]));
+    float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    mn = team_min<G>(mn);
+    mx = team_max<G>(mx);
+    float d = __fdiv_rn(__fsub_rn(mx, mn), 3.0f);
+    if (!(d <= 65504.0f)) d = 65504.0f;
+    mn = fminf(fmaxf(mn, -65504.0f), 65504.0f);
+    const half dh = __float2half_rn(d);
+    const half mh = __float2half_rn(mn);
+    const float df = __half2float(dh);
+    const float mf = __half2float(mh);
+    const float t1 = __fadd_rn(mf, __fmul_rn(0.5f, df));
+    const float t2 = __fadd_rn(mf, __fmul_rn(1.5f, df));
+    const float t3 = __fadd_rn(mf, __fmul_rn(2.5f, df));
+    uint8_t byte = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        const int q = (v[s] >= t1) + (v[s] >= t2) + (v[s] >= t3);
+        byte |= (uint8_t) (q << (2*s));
+    }
+    qs[b] = byte;
+    if (b == 0) {
+        dm[0] = __half_as_ushort(dh);
+        dm[1] = __half_as_ushort(mh);
+    }
+}
+
+// Rows of src (f32/f16, [ne00, ne01, ne02, ne03] with byte strides) into oscar2 rows of dst.
+// idx: set_rows indices (i32/i64, [ne01, ne11, ne12]) or null for a plain copy (dst row = i01).
+template <int G, typename src_t, typename idx_t>
+static __global__ void k_oscar2_quantize(const char * __restrict__ src, const idx_t * __restrict__ idx, char * __restrict__ dst,
+        const int64_t n_groups, const int64_t ne00, const int64_t ne01, const int64_t ne02,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t ne11, const int64_t ne12, const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3, const float clip) {
+    constexpr int TEAM  = G/4;
+    constexpr int BYTES = 4 + G/4;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int b    = lane % TEAM;
+    const int64_t g = ((int64_t) blockIdx.x*blockDim.x + threadIdx.x) / TEAM;
+    // whole teams run together (shuffles): a team past the end still participates
+    const bool active = g < n_groups;
+    const int64_t gg = active ? g : 0;
+
+    const int64_t ngr = ne00/G;
+    const int64_t i00 = (gg % ngr)*G;
+    int64_t rest = gg / ngr;
+    const int64_t i01 = rest % ne01; rest /= ne01;
+    const int64_t i02 = rest % ne02;
+    const int64_t i03 = rest / ne02;
+
+    const src_t * x = (const src_t *) (src + i01*nb01 + i02*nb02 + i03*nb03) + i00;
+    float v[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        v[s] = sanitize(to_f32<src_t>(x[b + s*TEAM]));
+    }
+    const int64_t row = idx ? (int64_t) idx[i01*s10 + (i02 % ne11)*s11 + (i03 % ne12)*s12] : i01;
+    uint8_t * blk = (uint8_t *) (dst + row*nb1 + i02*nb2 + i03*nb3) + (i00/G)*BYTES;
+    uint8_t qs_dummy[G/4];
+    uint16_t dm_dummy[2];
+    quantize_group<G>(v, clip, active ? blk + 4 : qs_dummy, active ? (uint16_t *) blk : dm_dummy, b);
+}
+
+template <int G, typename src_t, typename idx_t>
+static void launch_quantize(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, float clip, cudaStream_t stream) {
+    const int64_t n_groups = ggml_nelements(src0)/G;
+    if (n_groups == 0) {
+        return;
+    }
+    const int threads = 128;
+    const int64_t teams_per_block = threads/(G/4);
+    const int64_t blocks = (n_groups + teams_per_block - 1)/teams_per_block;
+    const idx_t * idx = src1 ? (const idx_t *) src1->data : nullptr;
+    const int64_t s10 = src1 ? src1->nb[0]/sizeof(idx_t) : 0;
+    const int64_t s11 = src1 ? src1->nb[1]/sizeof(idx_t) : 0;
+    const int64_t s12 = src1 ? src1->nb[2]/sizeof(idx_t) : 0;
+    const int64_t ne11 = src1 ? src1->ne[1] : 1;
+    const int64_t ne12 = src1 ? src1->ne[2] : 1;
+    k_oscar2_quantize<G, src_t, idx_t><<<blocks, threads, 0, stream>>>(
+        (const char *) src0->data, idx, (char *) dst->data, n_groups,
+        src0->ne[0], src0->ne[1], src0->ne[2], src0->nb[1], src0->nb[2], src0->nb[3],
+        ne11, ne12, s10, s11, s12, dst->nb[1], dst->nb[2], dst->nb[3], clip);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int G, typename src_t>
+static void dispatch_quantize_idx(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, float clip, cudaStream_t stream) {
+    if (src1 == nullptr || src1->type == GGML_TYPE_I64) {
+        launch_quantize<G, src_t, int64_t>(src0, src1, dst, clip, stream);
+    } else {
+        launch_quantize<G, src_t, int32_t>(src0, src1, dst, clip, stream);
+    }
+}
+
+// set_rows (src1 = indices) or cpy (src1 = null) of src0 into dst (an oscar2 tensor)
+static void oscar2_quantize(const ggml_tensor * src0, const ggml_tensor * src1, ggml_tensor * dst, float clip, cudaStream_t stream) {
+    const bool f16 = src0->type == GGML_TYPE_F16;
+    if (dst->type == GGML_TYPE_OSCAR2) {
+        f16 ? dispatch_quantize_idx<QK_OSCAR2, half>(src0, src1, dst, clip, stream)
+            : dispatch_quantize_idx<QK_OSCAR2, float>(src0, src1, dst, clip, stream);
+    } else {
+        f16 ? dispatch_quantize_idx<QK_OSCAR2_64, half>(src0, src1, dst, clip, stream)
+            : dispatch_quantize_idx<QK_OSCAR2_64, float>(src0, src1, dst, clip, stream);
+    }
+}
+
+// ---- dequantization: one thread per byte of codes ----------------------------------------------
+
+template <typename dst_t> static __device__ __forceinline__ dst_t from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ half  from_f32<half>(float x)  { return __float2half_rn(x); }
+
+// rows of src ([ne00 in groups of G, ne01, ne02, ne03], byte strides) -> dst rows; idx (i32, for
+// get_rows: dst row r of batch (i11, i12) comes from src row idx[r, i11, i12]) or null (copy)
+template <int G, typename dst_t>
+static __global__ void k_oscar2_dequantize(const char * __restrict__ src, const int32_t * __restrict__ idx, char * __restrict__ dst,
+        const int64_t n_bytes, const int64_t ne00, const int64_t ne01, const int64_t ne02,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12,
+        const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    constexpr int NB    = G/4;
+    constexpr int BYTES = 4 + G/4;
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i >= n_bytes) {
+        return;
+    }
+    const int64_t bytes_per_row = ne00/4;
+    const int64_t ib  = i % bytes_per_row;   // byte of the row
+    int64_t rest = i / bytes_per_row;
+    const int64_t i1 = rest % ne01; rest /= ne01;
+    const int64_t i2 = rest % ne02;
+    const int64_t i3 = rest / ne02;
+    const int64_t src_row = idx ? (int64_t) idx[i1*s10 + i2*s11 + i3*s12] : i1;
+    const int64_t blk_i = ib / NB;
+    const int     b     = ib % NB;
+    // get_rows: src0 batch dims broadcast over idx batch dims i2 -> src0 dim 2 is i2 (ne02 == ne11)
+    const uint8_t * blk = (const uint8_t *) (src + src_row*nb01 + i2*nb02 + i3*nb03) + blk_i*BYTES;
+    const float d = __half2float(__ushort_as_half(*(const uint16_t *) (blk + 0)));
+    const float m = __half2float(__ushort_as_half(*(const uint16_t *) (blk + 2)));
+    const uint8_t q = blk[4 + b];
+    dst_t * y = (dst_t *) (dst + i1*nb1 + i2*nb2 + i3*nb3) + blk_i*G;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        y[b + s*NB] = from_f32<dst_t>(__fadd_rn(m, __fmul_rn((float) ((q >> (2*s)) & 3), d)));
+    }
+}
+
+template <int G, typename dst_t>
+static void launch_dequantize(const ggml_tensor * src0, const ggml_tensor * idx, const ggml_tensor * dst, cudaStream_t stream) {
+    // shape of the result: dst's
+    const int64_t n_bytes = ggml_nelements(dst)/4;
+    if (n_bytes == 0) {
+        return;
+    }
+    const int threads = 256;
+    const int64_t blocks = (n_bytes + threads - 1)/threads;
+    k_oscar2_dequantize<G, dst_t><<<blocks, threads, 0, stream>>>(
+        (const char *) src0->data, idx ? (const int32_t *) idx->data : nullptr, (char *) dst->data, n_bytes,
+        dst->ne[0], dst->ne[1], dst->ne[2], src0->nb[1], src0->nb[2], src0->nb[3],
+        idx ? idx->nb[0]/4 : 0, idx ? idx->nb[1]/4 : 0, idx ? idx->nb[2]/4 : 0,
+        dst->nb[1], dst->nb[2], dst->nb[3]);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void oscar2_dequantize(const ggml_tensor * src0, const ggml_tensor * idx, const ggml_tensor * dst, cudaStream_t stream) {
+    const bool f16 = dst->type == GGML_TYPE_F16;
+    if (src0->type == GGML_TYPE_OSCAR2) {
+        f16 ? launch_dequantize<QK_OSCAR2, half>(src0, idx, dst, stream) : launch_dequantize<QK_OSCAR2, float>(src0, idx, dst, stream);
+    } else {
+        f16 ? launch_dequantize<QK_OSCAR2_64, half>(src0, idx, dst, stream) : launch_dequantize<QK_OSCAR2_64, float>(src0, idx, dst, stream);
+    }
+}
+
+// ---- flash attention: split-KV decode kernel ---------------------------------------------------
+//
+// Grid (n_head_kv*ne3, n_split, n_query_groups), 4 warps. A block takes the g query heads of one
+// KV head and up to NT query tokens (NQ = g*NT queries), and rows [r0, r1) of one source: the
+// oscar2 cache or the window. Lane t of a warp owns head dims t, t+32, ...: for oscar2 rows
+// that is one byte of codes per 128 values, since byte b holds values b, b+32, b+64, b+96.
+// A warp walks rows w, w+4, ...; per row it dots K with every query (warp sum), updates each
+// query's running (max, sum, acc) and adds the row's V. The warps merge in shared memory and the
+// block writes one partial (max, sum, acc) per query; k_fa_combine merges the partials of all
+// splits of all sources by their log-sum-exp, which is the same softmax as one pass.
+
+#define OSCAR_FA_WARPS 4
+
+template <int D, ggml_type T>
+static __device__ __forceinline__ void load_row(const char * __restrict__ row, float * __restrict__ out) {
+    constexpr int EPL = D/WARP_SIZE;
+    const int t = threadIdx.x;
+    if constexpr (T == GGML_TYPE_F16) {
+        const half * r = (const half *) row;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            out[i] = __half2float(r[t + WARP_SIZE*i]);
+        }
+    } else if constexpr (T == GGML_TYPE_BF16) {
+        const nv_bfloat16 * r = (const nv_bfloat16 *) row;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            out[i] = __bfloat162float(r[t + WARP_SIZE*i]);
+        }
+    } else {
+        constexpr int G     = group_of(T);
+        constexpr int NB    = G/4;
+        constexpr int BYTES = 4 + G/4;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            const int e   = t + WARP_SIZE*i;
+            const int blk = e / G;
+            const int o   = e % G;
+            const uint8_t * bp = (const uint8_t *) row + blk*BYTES;
+            const float d = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 0)));
+            const float m = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 2)));
+            const int q = (bp[4 + o % NB] >> (2*(o / NB))) & 3;
+            out[i] = m + (float) q * d;
+        }
+    }
+}
+
+struct fa_source {
+    const char * K; int64_t nbk1, nbk2, nbk3;
+    const char * V; int64_t nbv1, nbv2, nbv3;
+    const half * mask;   // first mask column of this source
+    int n_rows;
+};
+
+struct fa_params {
+    const char * Q; int64_t nbq1, nbq2, nbq3;
+    int64_t mask_nb1, mask_nb3; int mask_ne3; // in half elements
+    int n_q, n_head, n_head_kv, gqa, ne3;
+    float scale, softcap;
+    float * part_acc; float2 * part_ml;
+    int n_part;   // splits over all sources
+    int part0;    // first split of this launch
+};
+
+template <int D, ggml_type KT, ggml_type VT, int NQ>
+__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 1)
+static __global__ void k_fa_partial(const fa_source src, const fa_params p, const int rows_per_split) {
+    constexpr int EPL = D/WARP_SIZE;
+    const int t    = threadIdx.x;
+    const int w    = threadIdx.y;
+    const int hkv  = blockIdx.x % p.n_head_kv;
+    const int s3   = blockIdx.x / p.n_head_kv;
+    const int NT   = NQ / p.gqa > 0 ? NQ / p.gqa : 1;      // tokens this block could take
+    const int tok0 = blockIdx.z*NT;
+    const int nq   = min(NT, p.n_q - tok0)*p.gqa;            // real queries of this block
+    const int r0   = blockIdx.y*rows_per_split;
+    const int r1   = min(src.n_rows, r0 + rows_per_split);
+
+    // queries: j = tok*gqa + hh, head = hkv*gqa + hh, pre-scaled
+    float q[NQ][EPL];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const int tok = tok0 + j / p.gqa;
+        const int head = hkv*p.gqa + j % p.gqa;
+        const float * qp = (const float *) (p.Q + tok*p.nbq1 + head*p.nbq2 + s3*p.nbq3);
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            q[j][i] = j < nq ? qp[t + WARP_SIZE*i]*p.scale : 0.0f;
+        }
+    }
+
+    float M[NQ], L[NQ], acc[NQ][EPL];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        M[j] = -INFINITY;
+        L[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            acc[j][i] = 0.0f;
+        }
+    }
+
+    const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
+    const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
+    const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
+
+    // tiles of U consecutive rows per warp: the loads of a tile are in flight together, and the
+    // running max is rescaled once per tile instead of once per row
+    constexpr int U = 4;
+    for (int rb = r0 + w*U; rb < r1; rb += OSCAR_FA_WARPS*U) {
+        float mv[U][NQ];
+        bool any = false;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r = rb + u;
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+                const int tok = tok0 + j / p.gqa;
+                mv[u][j] = (j < nq && r < r1) ? (mask ? __half2float(mask[tok*p.mask_nb1 + r]) : 0.0f) : -INFINITY;
+                any = any || mv[u][j] != -INFINITY;
+            }
+        }
+        if (!any) {
+            continue; // rows nobody sees (in the window, padding, other sequences) cost no bandwidth
+        }
+        float k[U][EPL], v[U][EPL];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (rb + u < r1) {
+                load_row<D, KT>(Kh + (int64_t) (rb + u)*src.nbk1, k[u]);
+                load_row<D, VT>(Vh + (int64_t) (rb + u)*src.nbv1, v[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < EPL; ++i) {
+                    k[u][i] = 0.0f;
+                    v[u][i] = 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            float s[U];
+            float smax = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float x = 0.0f;
+#pragma unroll
+                for (int i = 0; i < EPL; ++i) {
+                    x += q[j][i]*k[u][i];
+                }
+                x = warp_reduce_sum(x);
+                x = __shfl_sync(0xffffffff, x, 0); // the same bits in every lane: one softmax state
+                if (p.softcap != 0.0f) {
+                    x = p.softcap*tanhf(x);
+                }
+                s[u] = x + mv[u][j];
+                smax = fmaxf(smax, s[u]);
+            }
+            if (smax == -INFINITY) {
+                continue;
+            }
+            const float Mn = fmaxf(M[j], smax);
+            const float c  = expf(M[j] - Mn);
+            L[j] *= c;
+#pragma unroll
+            for (int i = 0; i < EPL; ++i) {
+                acc[j][i] *= c;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float e = expf(s[u] - Mn); // 0 for a masked row
+                L[j] += e;
+#pragma unroll
+                for (int i = 0; i < EPL; ++i) {
+                    acc[j][i] += e*v[u][i];
+                }
+            }
+            M[j] = Mn;
+        }
+    }
+
+    // merge the warps
+    __shared__ float sh_ml[OSCAR_FA_WARPS][NQ][2];
+    __shared__ float sh_acc[OSCAR_FA_WARPS][NQ][D];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        if (t == 0) {
+            sh_ml[w][j][0] = M[j];
+            sh_ml[w][j][1] = L[j];
+        }
+#pragma unroll
+        for (int i = 0; i < EPL; ++i) {
+            sh_acc[w][j][t + WARP_SIZE*i] = acc[j][i];
+        }
+    }
+    __syncthreads();
+    const int tid = w*WARP_SIZE + t;
+    for (int jd = tid; jd < nq*D; jd += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int j = jd / D;
+        const int d = jd % D;
+        float Mx = -INFINITY;
+#pragma unroll
+        for (int ww = 0; ww < OSCAR_FA_WARPS; ++ww) {
+            Mx = fmaxf(Mx, sh_ml[ww][j][0]);
+        }
+        float a = 0.0f, l = 0.0f;
+        if (Mx != -INFINITY) {
+#pragma unroll
+            for (int ww = 0; ww < OSCAR_FA_WARPS; ++ww) {
+                const float f = expf(sh_ml[ww][j][0] - Mx);
+                a += f*sh_acc[ww][j][d];
+                l += f*sh_ml[ww][j][1];
+            }
+        }
+        const int tok  = tok0 + j / p.gqa;
+        const int head = hkv*p.gqa + j % p.gqa;
+        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
+        const int part = p.part0 + blockIdx.y;
+        p.part_acc[(qi*p.n_part + part)*D + d] = a;
+        if (d == 0) {
+            p.part_ml[qi*p.n_part + part] = make_float2(Mx, l);
+        }
+    }
+}
+
+// out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
+template <int D>
+static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
+        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head) {
+    const int64_t qi = blockIdx.x;
+    const int head = qi % n_head;
+    const float2 * ml = part_ml + qi*n_part;
+    float Mx = -INFINITY;
+    for (int s = 0; s < n_part; ++s) {
+        Mx = fmaxf(Mx, ml[s].x);
+    }
+    const float sink = sinks ? sinks[head] : -INFINITY;
+    Mx = fmaxf(Mx, sink);
+    float l = sinks ? expf(sink - Mx) : 0.0f;
+    if (Mx == -INFINITY) {
+        l = 0.0f;
+    } else {
+        for (int s = 0; s < n_part; ++s) {
+            l += ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - Mx)*ml[s].y;
+        }
+    }
+    const float inv = l > 0.0f ? 1.0f/l : 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = 0.0f;
+        if (Mx != -INFINITY) {
+            for (int s = 0; s < n_part; ++s) {
+                a += ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - Mx)*part_acc[(qi*n_part + s)*D + d];
+            }
+        }
+        dst[qi*D + d] = a*inv;
+    }
+}
+
+// queries per block, rounded up to the kernel's compile-time sizes (at least one token's heads)
+static int nq_bucket(int nq, int D) {
+    const int cap = D == 256 ? 8 : 16;
+    int b = 1;
+    while (b < nq && b < cap) {
+        b *= 2;
+    }
+    return b;
+}
+
+template <int D, ggml_type KT, ggml_type VT, int NQ>
+static void launch_partial_nq(const fa_source & src, const fa_params & p, int n_split, int rows_per_split, int n_groups, cudaStream_t stream) {
+    const dim3 grid(p.n_head_kv*p.ne3, n_split, n_groups);
+    const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
+    k_fa_partial<D, KT, VT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D, ggml_type KT, ggml_type VT>
+static void launch_partial(const fa_source & src, const fa_params & p, int nqb, int n_split, int rows_per_split, int n_groups, cudaStream_t stream) {
+    switch (nqb) {
+        case  1: launch_partial_nq<D, KT, VT,  1>(src, p, n_split, rows_per_split, n_groups, stream); break;
+        case  2: launch_partial_nq<D, KT, VT,  2>(src, p, n_split, rows_per_split, n_groups, stream); break;
+        case  4: launch_partial_nq<D, KT, VT,  4>(src, p, n_split, rows_per_split, n_groups, stream); break;
+        case  8: launch_partial_nq<D, KT, VT,  8>(src, p, n_split, rows_per_split, n_groups, stream); break;
+        default:
+            if constexpr (D <= 128) {
+                launch_partial_nq<D, KT, VT, 16>(src, p, n_split, rows_per_split, n_groups, stream);
+            } else {
+                GGML_ABORT("oscar2 attention: too many queries per block for D = %d", D);
+            }
+            break;
+    }
+}
+
+// the (K, V) type pairs we instantiate: the oscar2 pairs, their mixes with f16, and the window
+template <int D>
+static bool launch_partial_types(ggml_type kt, ggml_type vt, const fa_source & src, const fa_params & p, int nqb,
+        int n_split, int rows_per_split, int n_groups, cudaStream_t stream) {
+#define OSCAR_FA_CASE(KT_, VT_) \
+    if (kt == KT_ && vt == VT_) { launch_partial<D, KT_, VT_>(src, p, nqb, n_split, rows_per_split, n_groups, stream); return true; }
+    if constexpr (D % QK_OSCAR2 == 0) {
+        OSCAR_FA_CASE(GGML_TYPE_OSCAR2, GGML_TYPE_OSCAR2)
+        OSCAR_FA_CASE(GGML_TYPE_OSCAR2, GGML_TYPE_F16)
+        OSCAR_FA_CASE(GGML_TYPE_F16,    GGML_TYPE_OSCAR2)
+    }
+    OSCAR_FA_CASE(GGML_TYPE_OSCAR2_64, GGML_TYPE_OSCAR2_64)
+    OSCAR_FA_CASE(GGML_TYPE_OSCAR2_64, GGML_TYPE_F16)
+    OSCAR_FA_CASE(GGML_TYPE_F16,       GGML_TYPE_OSCAR2_64)
+    OSCAR_FA_CASE(GGML_TYPE_F16,       GGML_TYPE_F16)
+    OSCAR_FA_CASE(GGML_TYPE_BF16,      GGML_TYPE_BF16)
+#undef OSCAR_FA_CASE
+    return false;
+}
+
+static bool vec_types_ok(ggml_type kt, ggml_type vt, int64_t D) {
+    auto ok = [&](ggml_type t) {
+        return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || (t == GGML_TYPE_OSCAR2 && D % 128 == 0) || t == GGML_TYPE_OSCAR2_64;
+    };
+    return (D == 64 || D == 128 || D == 256) && ok(kt) && ok(vt) && (kt == vt || kt == GGML_TYPE_F16 || vt == GGML_TYPE_F16);
+}
+
+// the most query tokens per flash-attention call that take the split-KV kernel
+static const int OSCAR_VEC_MAX_TOKENS = 16;
+
+static bool vec_path_ok(const ggml_tensor * dst) {
+    const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
+    float max_bias;
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    const int64_t gqa = Q->ne[2] / K->ne[2];
+    return Q->type == GGML_TYPE_F32 && K->ne[0] == V->ne[0] && vec_types_ok(K->type, V->type, K->ne[0]) &&
+        max_bias == 0.0f && Q->ne[1] <= OSCAR_VEC_MAX_TOKENS && gqa <= (K->ne[0] == 256 ? 8 : 16) &&
+        (!mask || mask->type == GGML_TYPE_F16) &&
+        (!dst->src[5] || vec_types_ok(dst->src[5]->type, dst->src[6]->type, K->ne[0]));
+}
+
+static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4], * Kw = dst->src[5], * Vw = dst->src[6];
+    cudaStream_t stream = ctx.stream();
+    const int D = (int) K->ne[0];
+    const int gqa = (int) (Q->ne[2]/K->ne[2]);
+
+    fa_params p = {};
+    p.Q = (const char *) Q->data; p.nbq1 = Q->nb[1]; p.nbq2 = Q->nb[2]; p.nbq3 = Q->nb[3];
+    p.mask_nb1 = mask ? mask->nb[1]/sizeof(half) : 0;
+    p.mask_nb3 = mask ? mask->nb[3]/sizeof(half) : 0;
+    p.mask_ne3 = mask ? (int) mask->ne[3] : 1;
+    p.n_q = (int) Q->ne[1]; p.n_head = (int) Q->ne[2]; p.n_head_kv = (int) K->ne[2]; p.gqa = gqa; p.ne3 = (int) Q->ne[3];
+    memcpy(&p.scale,   (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&p.softcap, (const float *) dst->op_params + 2, sizeof(float));
+    if (p.softcap != 0.0f) {
+        p.scale /= p.softcap;
+    }
+
+    const int nqb = nq_bucket(gqa*(int) Q->ne[1], D);
+    const int tokens_per_block = std::max(1, nqb/gqa);
+    const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
+
+    // splits: enough blocks to fill the GPU, rows in multiples of the warps
+    const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
+    const int base = p.n_head_kv*p.ne3*n_groups;
+    auto split = [&](int n_rows, int & n_split, int & rps) {
+        n_split = std::max(1, std::min((4*n_sm + base - 1)/base, (n_rows + 127)/128));
+        rps = (n_rows + n_split - 1)/n_split;
+        rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+        n_split = std::max(1, (n_rows + rps - 1)/rps);
+    };
+    int ns_main, rps_main, ns_win = 0, rps_win = 0;
+    split((int) K->ne[1], ns_main, rps_main);
+    if (Kw) {
+        split((int) Kw->ne[1], ns_win, rps_win);
+    }
+    p.n_part = ns_main + ns_win;
+
+    const int64_t n_queries = Q->ne[1]*Q->ne[2]*Q->ne[3];
+    ggml_cuda_pool_alloc<float>  acc(ctx.pool(), n_queries*p.n_part*D);
+    ggml_cuda_pool_alloc<float2> ml(ctx.pool(), n_queries*p.n_part);
+    p.part_acc = acc.get();
+    p.part_ml  = ml.get();
+
+    fa_source sm = { (const char *) K->data, (int64_t) K->nb[1], (int64_t) K->nb[2], (int64_t) K->nb[3],
+                     (const char *) V->data, (int64_t) V->nb[1], (int64_t) V->nb[2], (int64_t) V->nb[3],
+                     mask ? (const half *) mask->data : nullptr, (int) K->ne[1] };
+    p.part0 = 0;
+    bool ok = false;
+    switch (D) {
+        case  64: ok = launch_partial_types< 64>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+        case 128: ok = launch_partial_types<128>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+        case 256: ok = launch_partial_types<256>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+    }
+    GGML_ASSERT(ok && "oscar2 attention: no kernel for these types");
+    if (Kw) {
+        // the window's mask columns follow the cache's
+        fa_source sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
+                         (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
+                         mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
+        p.part0 = ns_main;
+        switch (D) {
+            case  64: ok = launch_partial_types< 64>(Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream); break;
+            case 128: ok = launch_partial_types<128>(Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream); break;
+            case 256: ok = launch_partial_types<256>(Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream); break;
+        }
+        GGML_ASSERT(ok && "oscar2 attention: no kernel for the window types");
+    }
+    const float * sk = sinks ? (const float *) sinks->data : nullptr;
+    switch (D) {
+        case  64: k_fa_combine< 64><<<n_queries,  64, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
+        case 128: k_fa_combine<128><<<n_queries, 128, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
+        case 256: k_fa_combine<256><<<n_queries, 128, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- flash attention: many queries -> one f16 K/V (cache rows, then window rows) ---------------
+
+// rows [D, n_rows, n_head_kv, ns] of any of our types (byte strides) -> f16 rows at row offset r_off
+// of a contiguous [D, n_total, n_head_kv, ns] buffer
+template <ggml_type T>
+static __global__ void k_rows_to_f16(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3,
+        half * __restrict__ dst, int D, int n_rows, int n_head, int n_total, int r_off, int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; // one thread per 4 values
+    if (i >= n) {
+        return;
+    }
+    const int per_row = D/4;
+    const int e4  = i % per_row;
+    int64_t rest  = i / per_row;
+    const int r   = rest % n_rows; rest /= n_rows;
+    const int h   = rest % n_head;
+    const int s3  = rest / n_head;
+    const char * row = src + r*nb1 + h*nb2 + s3*nb3;
+    half * out = dst + (((int64_t) s3*n_head + h)*n_total + r_off + r)*D;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int e = 4*e4 + u;
+        float x;
+        if constexpr (T == GGML_TYPE_F16) {
+            x = __half2float(((const half *) row)[e]);
+        } else if constexpr (T == GGML_TYPE_BF16) {
+            x = __bfloat162float(((const nv_bfloat16 *) row)[e]);
+        } else if constexpr (T == GGML_TYPE_F32) {
+            x = ((const float *) row)[e];
+        } else {
+            constexpr int G = group_of(T), NB = G/4, BYTES = 4 + G/4;
+            const uint8_t * bp = (const uint8_t *) row + (e / G)*BYTES;
+            const float d = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 0)));
+            const float m = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 2)));
+            const int o = e % G;
+            x = __fadd_rn(m, __fmul_rn((float) ((bp[4 + o % NB] >> (2*(o / NB))) & 3), d));
+        }
+        out[e] = __float2half_rn(x);
+    }
+}
+
+static void rows_to_f16(const ggml_tensor * src, half * dst, int n_total, int r_off, cudaStream_t stream) {
+    const int D = (int) src->ne[0];
+    const int64_t n = (int64_t) D/4*src->ne[1]*src->ne[2]*src->ne[3];
+    if (n == 0) {
+        return;
+    }
+    const int threads = 256;
+    const int64_t blocks = (n + threads - 1)/threads;
+#define ROWS_CASE(T_) case T_: k_rows_to_f16<T_><<<blocks, threads, 0, stream>>>((const char *) src->data, src->nb[1], src->nb[2], src->nb[3], \
+        dst, D, (int) src->ne[1], (int) src->ne[2], n_total, r_off, n); break;
+    switch (src->type) {
+        ROWS_CASE(GGML_TYPE_F16)
+        ROWS_CASE(GGML_TYPE_BF16)
+        ROWS_CASE(GGML_TYPE_F32)
+        ROWS_CASE(GGML_TYPE_OSCAR2)
+        ROWS_CASE(GGML_TYPE_OSCAR2_64)
+        default: GGML_ABORT("oscar2 attention: unexpected type %s", ggml_type_name(src->type));
+    }
+#undef ROWS_CASE
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void make_f16_view(ggml_tensor & t, const ggml_tensor * like, half * data, int64_t n_total) {
+    t = *like;
+    t.type  = GGML_TYPE_F16;
+    t.data  = data;
+    t.ne[1] = n_total;
+    t.nb[0] = sizeof(half);
+    t.nb[1] = t.nb[0]*t.ne[0];
+    t.nb[2] = t.nb[1]*t.ne[1];
+    t.nb[3] = t.nb[2]*t.ne[2];
+    t.view_src  = nullptr;
+    t.view_offs = 0;
+    t.op = GGML_OP_NONE;
+    for (auto & s : t.src) {
+        s = nullptr;
+    }
+}
+
+// the same attention with K and V as plain f16 tensors: [cache rows | window rows]
+static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor * dst,
+        ggml_cuda_pool_alloc<half> & kbuf, ggml_cuda_pool_alloc<half> & vbuf, ggml_tensor & K2, ggml_tensor & V2) {
+    const ggml_tensor * K = dst->src[1], * V = dst->src[2], * Kw = dst->src[5], * Vw = dst->src[6];
+    cudaStream_t stream = ctx.stream();
+    const int64_t n_w = Kw ? Kw->ne[1] : 0;
+    const int64_t n_total = K->ne[1] + n_w;
+    kbuf.alloc(ctx.pool(), K->ne[0]*n_total*K->ne[2]*K->ne[3]);
+    vbuf.alloc(ctx.pool(), V->ne[0]*n_total*V->ne[2]*V->ne[3]);
+    rows_to_f16(K, kbuf.get(), (int) n_total, 0, stream);
+    rows_to_f16(V, vbuf.get(), (int) n_total, 0, stream);
+    if (Kw) {
+        rows_to_f16(Kw, kbuf.get(), (int) n_total, (int) K->ne[1], stream);
+        rows_to_f16(Vw, vbuf.get(), (int) n_total, (int) V->ne[1], stream);
+    }
+    make_f16_view(K2, K, kbuf.get(), n_total);
+    make_f16_view(V2, V, vbuf.get(), n_total);
+    ggml_tensor d2 = *dst;
+    d2.src[1] = &K2;
+    d2.src[2] = &V2;
+    d2.src[5] = nullptr;
+    d2.src[6] = nullptr;
+    return d2;
+}
+
+static bool fa_is_ours(const ggml_tensor * op) {
+    return op->op == GGML_OP_FLASH_ATTN_EXT &&
+        (is_oscar2(op->src[1]->type) || is_oscar2(op->src[2]->type) || op->src[5] != nullptr);
+}
+
+static bool f16_path_supported(int device, const ggml_tensor * op) {
+    ggml_tensor K2, V2;
+    make_f16_view(K2, op->src[1], nullptr, op->src[1]->ne[1] + (op->src[5] ? op->src[5]->ne[1] : 0));
+    make_f16_view(V2, op->src[2], nullptr, op->src[2]->ne[1] + (op->src[6] ? op->src[6]->ne[1] : 0));
+    ggml_tensor d2 = *op;
+    d2.src[1] = &K2;
+    d2.src[2] = &V2;
+    d2.src[5] = nullptr;
+    d2.src[6] = nullptr;
+    return ggml_cuda_flash_attn_ext_supported(device, &d2);
+}
+
+static void flash_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (vec_path_ok(dst)) {
+        fa_vec(ctx, dst);
+        return;
+    }
+    ggml_cuda_pool_alloc<half> kbuf, vbuf;
+    ggml_tensor K2, V2;
+    ggml_tensor d2 = f16_equivalent(ctx, dst, kbuf, vbuf, K2, V2);
+    ggml_cuda_flash_attn_ext(ctx, &d2);
+}
+
+// ---- dispatch -----------------------------------------------------------------------------
+
+static float op_clip(const ggml_tensor * t) {
+    float c;
+    memcpy(&c, t->op_params, sizeof(float));
+    return c;
+}
+
+bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    switch (dst->op) {
+        case GGML_OP_SET_ROWS:
+            if (!is_oscar2(dst->type)) {
+                return false;
+            }
+            oscar2_quantize(dst->src[0], dst->src[1], dst, op_clip(dst), ctx.stream());
+            return true;
+        case GGML_OP_CPY: {
+            const ggml_tensor * src = dst->src[0];
+            ggml_tensor * to = dst->src[1];
+            if (is_oscar2(to->type)) {
+                oscar2_quantize(src, nullptr, to, op_clip(dst), ctx.stream());
+                return true;
+            }
+            if (is_oscar2(src->type)) {
+                oscar2_dequantize(src, nullptr, to, ctx.stream());
+                return true;
+            }
+            return false;
+        }
+        case GGML_OP_GET_ROWS:
+            if (!is_oscar2(dst->src[0]->type)) {
+                return false;
+            }
+            oscar2_dequantize(dst->src[0], dst->src[1], dst, ctx.stream());
+            return true;
+        case GGML_OP_FLASH_ATTN_EXT:
+            if (!fa_is_ours(dst)) {
+                return false;
+            }
+            flash_attn(ctx, dst);
+            return true;
+        default:
+            return false;
+    }
+}
+
+static bool rows_contiguous(const ggml_tensor * t) {
+    return t->nb[0] == ggml_type_size(t->type) && t->nb[1] >= (size_t) ggml_row_size(t->type, t->ne[0]);
+}
+
+int ggml_cuda_oscar2_supports_op(int device, const ggml_tensor * op) {
+    switch (op->op) {
+        case GGML_OP_SET_ROWS:
+            if (!is_oscar2(op->type)) {
+                return -1;
+            }
+            return (op->src[0]->type == GGML_TYPE_F32 || op->src[0]->type == GGML_TYPE_F16) &&
+                   (op->src[1]->type == GGML_TYPE_I64 || op->src[1]->type == GGML_TYPE_I32) &&
+                   op->src[0]->ne[0] % group_of(op->type) == 0 && rows_contiguous(op->src[0]);
+        case GGML_OP_CPY: {
+            const ggml_tensor * a = op->src[0], * b = op->src[1];
+            if (!is_oscar2(a->type) && !is_oscar2(b->type)) {
+                return -1;
+            }
+            if (is_oscar2(b->type)) {
+                return (a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) && ggml_are_same_shape(a, b) &&
+                       a->ne[0] % group_of(b->type) == 0 && rows_contiguous(a) && rows_contiguous(b);
+            }
+            return (b->type == GGML_TYPE_F32 || b->type == GGML_TYPE_F16) && ggml_are_same_shape(a, b) &&
+                   rows_contiguous(a) && rows_contiguous(b);
+        }
+        case GGML_OP_GET_ROWS:
+            if (!is_oscar2(op->src[0]->type)) {
+                return -1;
+            }
+            return op->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_I32 && op->src[0]->ne[2] == op->src[1]->ne[1];
+        case GGML_OP_FLASH_ATTN_EXT:
+            if (!fa_is_ours(op)) {
+                return -1;
+            }
+            // any batch size must run: small ones on our kernel, large ones through f16
+            return vec_types_ok(op->src[1]->type, op->src[2]->type, op->src[1]->ne[0]) && f16_path_supported(device, op);
+        default:
+            return -1;
+    }
+}
