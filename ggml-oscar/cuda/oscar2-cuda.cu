@@ -55,9 +55,11 @@ template <typename T> static __device__ __forceinline__ float to_f32(T x);
 template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ float to_f32<half>(half x) { return __half2float(x); }
 
-// one group: values v[4] of this lane -> the byte of codes; lane 0 of the team writes d and m
+// one group: values v[4] of this lane -> the byte of codes, plus the bits of d and m
+// (results in registers: the caller stores them, so a team past the end can run the shuffles
+// without any store)
 template <int G>
-static __device__ __forceinline__ void quantize_group(float v[4], float clip, uint8_t * qs, uint16_t * dm, int b) {
+static __device__ __forceinline__ uint8_t quantize_group(float v[4], float clip, int b, uint16_t & dbits, uint16_t & mbits) {
     constexpr int TEAM = G/4;
     if (clip > 0.0f && clip < 1.0f) {
         const int k = (int) floorf(__fmul_rn(clip, (float) G));
@@ -114,11 +116,9 @@ static __device__ __forceinline__ void quantize_group(float v[4], float clip, ui
         const int q = (v[s] >= t1) + (v[s] >= t2) + (v[s] >= t3);
         byte |= (uint8_t) (q << (2*s));
     }
-    qs[b] = byte;
-    if (b == 0) {
-        dm[0] = __half_as_ushort(dh);
-        dm[1] = __half_as_ushort(mh);
-    }
+    dbits = __half_as_ushort(dh);
+    mbits = __half_as_ushort(mh);
+    return byte;
 }
 
 // Rows of src (f32/f16, [ne00, ne01, ne02, ne03] with byte strides) into oscar2 rows of dst.
@@ -153,9 +153,16 @@ static __global__ void k_oscar2_quantize(const char * __restrict__ src, const id
     }
     const int64_t row = idx ? (int64_t) idx[i01*s10 + (i02 % ne11)*s11 + (i03 % ne12)*s12] : i01;
     uint8_t * blk = (uint8_t *) (dst + row*nb1 + i02*nb2 + i03*nb3) + (i00/G)*BYTES;
-    uint8_t qs_dummy[G/4];
-    uint16_t dm_dummy[2];
-    quantize_group<G>(v, clip, active ? blk + 4 : qs_dummy, active ? (uint16_t *) blk : dm_dummy, b);
+    uint16_t dbits, mbits;
+    const uint8_t byte = quantize_group<G>(v, clip, b, dbits, mbits);
+    if (active) {
+        blk[4 + b] = byte;
+        if (b == 0) {
+            // the header is two fp16 bit patterns, d then m (block_oscar2 in oscar2.h)
+            blk[0] = (uint8_t) (dbits & 0xff); blk[1] = (uint8_t) (dbits >> 8);
+            blk[2] = (uint8_t) (mbits & 0xff); blk[3] = (uint8_t) (mbits >> 8);
+        }
+    }
 }
 
 template <int G, typename src_t, typename idx_t>

@@ -1,12 +1,14 @@
-"""Issue 3: the real ggml CPU ops on oscar2 caches (set_rows with clip, get_rows, flash attention).
+"""Issues 3 and 7: the real ggml ops on oscar2 caches (set_rows with clip, get_rows, flash attention).
 
 tests/c/oscar2_ops.c builds a ggml graph exactly like llama.cpp's KV cache does (set_rows into the
-cache with the clip ratio in op_params, views per head, ggml_flash_attn_ext) and runs it on the CPU
-backend. We check the cache bytes against the numpy reference (bit-exact) and the attention output
-against a float64 attention over the reference-dequantized K/V.
+cache with the clip ratio in op_params, views per head, ggml_flash_attn_ext, window rows) and runs
+it on a backend: the CPU always, CUDA0 on a GPU machine with a CUDA build. We check the cache bytes
+against the numpy reference (bit-exact on every backend) and the attention output against a
+float64 attention over the reference-dequantized K/V.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 
 import numpy as np
@@ -18,9 +20,17 @@ from oscar_gguf import quant
 GROUP = {"oscar2": 128, "oscar2_64": 64}
 
 
+BACKENDS = ["CPU", pytest.param("CUDA0", marks=pytest.mark.gpu)]
+
+
 @pytest.fixture(scope="module")
 def ops_exe(tmp_path_factory):
     return build_c_tool("oscar2_ops", tmp_path_factory.mktemp("bin"))
+
+
+def run_ops(exe, backend, args):
+    env = dict(os.environ, OSCAR_BACKEND=backend)
+    subprocess.run([str(exe), *map(str, args)], check=True, env=env)
 
 
 def reference_values(kind: str, x: np.ndarray, clip: float) -> np.ndarray:
@@ -56,8 +66,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kt,vt,D,n_kv,n_q,H,H_kv,clip_k,clip_v", CASES)
-def test_cpu_cache_write_and_flash_attention(ops_exe, tmp_path, kt, vt, D, n_kv, n_q, H, H_kv, clip_k, clip_v):
+def test_cache_write_and_flash_attention(ops_exe, tmp_path, backend, kt, vt, D, n_kv, n_q, H, H_kv, clip_k, clip_v):
     rng = np.random.default_rng(D + n_kv + n_q)
     q = rng.standard_normal((H, n_q, D)).astype(np.float32)
     k = rng.standard_normal((n_kv, H_kv, D)).astype(np.float32)
@@ -70,8 +81,7 @@ def test_cpu_cache_write_and_flash_attention(ops_exe, tmp_path, kt, vt, D, n_kv,
     q.tofile(tmp_path / "q.f32"); k.tofile(tmp_path / "k.f32"); v.tofile(tmp_path / "v.f32")
     mask.astype(np.float16).tofile(tmp_path / "mask.f16")
 
-    subprocess.run([str(ops_exe), kt, vt, str(D), str(D), str(n_kv), str(n_q), str(H), str(H_kv),
-                    str(clip_k), str(clip_v), "2", str(tmp_path)], check=True)
+    run_ops(ops_exe, backend, [kt, vt, D, D, n_kv, n_q, H, H_kv, clip_k, clip_v, 2, tmp_path])
 
     kc = (tmp_path / "kc.bin").read_bytes()
     vc = (tmp_path / "vc.bin").read_bytes()
@@ -102,8 +112,9 @@ WINDOW_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kt,vt,D,n_kv,n_q,H,H_kv,n_hp", WINDOW_CASES)
-def test_cpu_flash_attention_store_split(ops_exe, tmp_path, kt, vt, D, n_kv, n_q, H, H_kv, n_hp):
+def test_flash_attention_store_split(ops_exe, tmp_path, backend, kt, vt, D, n_kv, n_q, H, H_kv, n_hp):
     """Window positions contribute exactly as f16 values, the others exactly as oscar2 values.
 
     Cells 0..n_hp-1 of the cache are "in the window": their cache column is masked and their f16
@@ -127,8 +138,7 @@ def test_cpu_flash_attention_store_split(ops_exe, tmp_path, kt, vt, D, n_kv, n_q
     for name, a in (("q", q), ("k", k), ("v", v), ("khp", khp), ("vhp", vhp)):
         a.astype(np.float32).tofile(tmp_path / f"{name}.f32")
     mask.astype(np.float16).tofile(tmp_path / "mask.f16")
-    subprocess.run([str(ops_exe), kt, vt, str(D), str(D), str(n_kv), str(n_q), str(H), str(H_kv),
-                    "0.96", "0.92", "2", str(tmp_path), str(n_hp)], check=True)
+    run_ops(ops_exe, backend, [kt, vt, D, D, n_kv, n_q, H, H_kv, 0.96, 0.92, 2, tmp_path, n_hp])
     out = np.fromfile(tmp_path / "out.f32", np.float32).reshape(n_q, H, D)
 
     k_ref = reference_values(kt, k.reshape(n_kv, -1), 0.96).reshape(k.shape)

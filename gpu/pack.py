@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Pack what the GPU machine needs into .device/ (ignored by git; carried by the device tool).
+
+    python gpu/pack.py [--model-layers 8]
+
+The GPU machine has no network and a call carries at most 64 MiB, so it cannot fetch the
+76 MB sdist nor take the 98 MB bundled model. This writes:
+  .device/upstream.tar.xz   the patched upstream tree (ggml-oscar synced in), without docs,
+                            the vocab test files we do not use and the web UI (~10 MB)
+  .device/wheels/           the pure-Python gguf package for oscar_gguf
+  .device/smollm2-L<n>.gguf the bundled model cut to its first n layers, with random orthogonal
+                            OSCAR rotations: a real tokenizer and real weights, so that greedy
+                            decoding has margins, small enough to travel
+gpu/run.sh on the device machine unpacks and builds it.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "llama.cpp"))
+sys.path.insert(0, str(REPO))
+import fetch  # noqa: E402
+
+OUT = REPO / ".device"
+KEEP_VOCABS = {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf", "ggml-vocab-llama-spm.gguf"}
+SKIP_DIRS = {".github", "docs", "media", "benches", "ggml-vulkan", "ggml-sycl", "ggml-opencl", "ggml-hexagon",
+             "ggml-metal", "ggml-cann", "ggml-musa", "ggml-webgpu", "ggml-zdnn", "ggml-openvino", "ggml-et"}
+
+
+def keep(path: Path, root: Path) -> bool:
+    rel = path.relative_to(root)
+    parts = rel.parts
+    if any(p in SKIP_DIRS for p in parts[:-1]) or (path.is_dir() and path.name in SKIP_DIRS):
+        # the backend folders are referenced by CMake only when their backend is on
+        return False
+    if parts[:3] == ("vendor", "llama.cpp", "models") and path.is_file() and path.name not in KEEP_VOCABS:
+        return False
+    return True
+
+
+def pack_tree(tree: Path, dst: Path) -> None:
+    with tarfile.open(dst, "w:xz", preset=6) as tf:
+        def filt(ti: tarfile.TarInfo):
+            p = tree.parent / ti.name
+            return ti if keep(p, tree) else None
+        tf.add(tree, arcname=tree.name, filter=filt)
+
+
+def cut_model(src: Path, dst: Path, n_layers: int) -> None:
+    """The first n layers of a llama GGUF, with random orthogonal rotations (gguf_io)."""
+    import numpy as np
+    from oscar_gguf import gguf_io
+    from oscar_gguf.gguf_io import read_model_info, write_gguf
+    info = read_model_info(src)
+    drop = set()
+    from gguf import GGUFReader
+    r = GGUFReader(str(src))
+    for t in r.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
+            drop.add(t.name)
+    key = f"{info.arch}.block_count"
+    cut = dst.with_suffix(".tmp.gguf")
+    write_gguf(src, cut, [(key, gguf_io.T_UINT32, n_layers)], [], drop_prefixes=(key,), drop_tensors=drop, reader=r)
+    rng = np.random.default_rng(7)
+
+    def rot(d):
+        q, rr = np.linalg.qr(rng.standard_normal((d, d)))
+        return (q * np.sign(np.diag(rr))).astype(np.float32)
+    rots = gguf_io.Rotations({i: rot(info.head_dim_k) for i in range(n_layers)},
+                             {i: rot(info.head_dim_v) for i in range(n_layers)},
+                             [0.96] * n_layers, [0.92] * n_layers, info.arch, n_layers, info.head_dim_k,
+                             64, {"method": "random-orthogonal (GPU tests)"})
+    gguf_io.convert(cut, dst, rots, force=True)
+    cut.unlink()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-layers", type=int, default=8)
+    args = ap.parse_args()
+    OUT.mkdir(exist_ok=True)
+    tree = fetch.prepare(fetch.default_cache(), None, fetch.HERE / "patches", None)
+    pack_tree(tree, OUT / "upstream.tar.xz")
+    (OUT / "wheels").mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "gguf==0.19.0", "-d", str(OUT / "wheels")], check=True)
+    from oscar_gguf import bundled_model_path
+    cut_model(bundled_model_path(), OUT / f"smollm2-L{args.model_layers}.gguf", args.model_layers)
+    for p in sorted(OUT.rglob("*")):
+        if p.is_file():
+            print(f"{p.stat().st_size/2**20:8.2f} MiB  {p.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

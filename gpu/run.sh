@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# gpu/run.sh: build, check and time oscar2 on the GPU machine (library entry `device`).
+#
+#   bash gpu/run.sh build         unpack .device/upstream.tar.xz, CUDA build for sm_90 (ninja, incremental)
+#   bash gpu/run.sh test          test-backend-ops (CUDA vs CPU), bit-exact/float64 checks, CPU-vs-CUDA greedy
+#   bash gpu/run.sh bench [DEPTHS] llama-bench on an 8B-shaped random-weight model, f16/q8_0/q4_0/oscar2
+#   bash gpu/run.sh all           build + test + bench
+#
+# Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
+set -uo pipefail
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/oscar-out}
+mkdir -p "$OUT"
+export OSCAR_CACHE_DIR=/tmp/oscar-cache
+TREE=$OSCAR_CACHE_DIR/src/llama-cpp-python-0.3.36
+B=/tmp/oscar-build
+ARCH=${CUDA_ARCH:-90}
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+
+build() {
+    if [ ! -f "$TREE/.unpacked" ]; then
+        mkdir -p "$OSCAR_CACHE_DIR/src"
+        tar xf .device/upstream.tar.xz -C "$OSCAR_CACHE_DIR/src" && touch "$TREE/.unpacked"
+    fi
+    # our sources as they are now (the tarball may be older than the last edit)
+    mkdir -p "$TREE/vendor/llama.cpp/ggml/src/ggml-oscar"
+    cp -r ggml-oscar/. "$TREE/vendor/llama.cpp/ggml/src/ggml-oscar/"
+    if [ ! -f "$B/build.ninja" ]; then
+        cmake -S "$TREE/vendor/llama.cpp" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DBUILD_SHARED_LIBS=ON \
+            -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_RPC=OFF \
+            > "$OUT/cmake.log" 2>&1 || { log "cmake failed"; tail -30 "$OUT/cmake.log"; return 1; }
+    fi
+    local t0=$(date +%s)
+    ninja -C "$B" -k 0 -j"$(nproc)" test-backend-ops llama-bench llama-cli llama-perplexity > "$OUT/build.log" 2>&1 \
+        || { log "build failed"; grep -E "error|Error" "$OUT/build.log" | head -40; return 1; }
+    log "build ok in $(( $(date +%s) - t0 )) s"
+}
+
+pyenv() {
+    if [ ! -d /tmp/site/gguf ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/wheels/*.whl
+    fi
+    export PYTHONPATH="$ROOT:/tmp/site"
+    export LLAMA_CPP_LIB_PATH="$B/bin"
+}
+
+test_gpu() {
+    local t0=$(date +%s)
+    "$B/bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT -p 'oscar' > "$OUT/test-backend-ops.log" 2>&1
+    log "test-backend-ops: $(grep -cE '^\s+.*OK$' "$OUT/test-backend-ops.log") OK, $(grep -cE 'FAIL' "$OUT/test-backend-ops.log") FAIL lines; $(tail -3 "$OUT/test-backend-ops.log" | tr '\n' ' ')"
+    grep -E "FAIL" "$OUT/test-backend-ops.log" | head -20 | tee -a "$OUT/summary.txt"
+
+    pyenv
+    python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
+    log "pytest (CPU + CUDA0 cases): $(tail -1 "$OUT/pytest.log")"
+
+    # CPU vs CUDA greedy decoding of a real (cut) model with rotations, oscar2 and the window
+    local M=$(ls .device/smollm2-L*.gguf | head -1)
+    local P="The capital of France is Paris. The capital of Germany is"
+    local args=(-m "$M" -p "$P" -n 48 -c 1024 -ctk oscar2 -ctv oscar2 -fa on --oscar-sink 16 --oscar-recent 32 -st --temp 0 -lv 1)
+    "$B/bin/llama-cli" "${args[@]}" -ngl 0  -t 8 < /dev/null > "$OUT/greedy_cpu.txt" 2>&1
+    "$B/bin/llama-cli" "${args[@]}" -ngl 99 -t 8 < /dev/null > "$OUT/greedy_cuda.txt" 2>&1
+    python3 - "$OUT/greedy_cpu.txt" "$OUT/greedy_cuda.txt" <<'EOF' | tee -a "$OUT/summary.txt"
+import sys
+def gen(p):
+    t = open(p, errors="replace").read()
+    i = t.find("> ")
+    return t[i:].split("\n", 1)[1].split("[ Prompt")[0].strip() if i >= 0 else t[-300:]
+a, b = gen(sys.argv[1]), gen(sys.argv[2])
+wa, wb = a.split(), b.split()
+same = 0
+for x, y in zip(wa, wb):
+    if x != y:
+        break
+    same += 1
+print(f"greedy CPU vs CUDA: {same} identical leading words of {len(wa)} / {len(wb)}; identical text: {a == b}")
+print("CPU :", a[:200].replace("\n", " "))
+print("CUDA:", b[:200].replace("\n", " "))
+EOF
+    log "tests done in $(( $(date +%s) - t0 )) s"
+}
+
+bench() {
+    local depths=${1:-0,4096,16384,32768}
+    pyenv
+    local M=/tmp/m8b.gguf
+    if [ ! -f $M ]; then
+        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('llama3-8b', 'q4_0', '$M', rotations=True)" \
+            > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log"; return 1; }
+    fi
+    python3 - <<'EOF' | tee -a "$OUT/summary.txt"
+import torch, time
+x = torch.empty(2**30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); t = time.perf_counter(); n = 20
+for _ in range(n): y.copy_(x)
+torch.cuda.synchronize(); dt = (time.perf_counter() - t)/n
+print(f"device copy bandwidth: {2*x.numel()/dt/1e9:.0f} GB/s (read + write of 1 GiB)")
+EOF
+    for T in f16 q8_0 q4_0 oscar2; do
+        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n 64 -r 2 -o json \
+            > "$OUT/bench_$T.json" 2> "$OUT/bench_$T.err" || log "bench $T failed: $(tail -3 "$OUT/bench_$T.err")"
+        log "bench $T done"
+    done
+    python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1]); rows = {}
+for T in ("f16", "q8_0", "q4_0", "oscar2"):
+    try:
+        for r in json.loads((out / f"bench_{T}.json").read_text()):
+            kind = "pp" if r["n_prompt"] else "tg"
+            rows[(T, kind, r["n_depth"])] = r["avg_ts"]
+    except Exception as e:
+        print(T, "no result", e)
+depths = sorted({d for (_, _, d) in rows})
+for kind in ("tg", "pp"):
+    print(f"{kind} tokens/s (ratio to f16)")
+    for d in depths:
+        base = rows.get(("f16", kind, d))
+        cells = []
+        for T in ("f16", "q8_0", "q4_0", "oscar2"):
+            v = rows.get((T, kind, d))
+            cells.append(f"{T} {v:8.1f} ({v/base:4.2f}x)" if v and base else f"{T} -")
+        print(f"  d={d:6d}  " + "  ".join(cells))
+EOF
+}
+
+case "${1:-all}" in
+    build) build ;;
+    test)  build && test_gpu ;;
+    bench) build && bench "${2:-}" ;;
+    all)   build && test_gpu && bench "${2:-}" ;;
+esac
+cat "$OUT/summary.txt" 2>/dev/null | tail -40
