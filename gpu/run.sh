@@ -49,8 +49,9 @@ pyenv() {
 test_gpu() {
     local t0=$(date +%s)
     "$B/bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT -p 'oscar' > "$OUT/test-backend-ops.log" 2>&1
-    log "test-backend-ops: $(grep -cE '^\s+.*OK$' "$OUT/test-backend-ops.log") OK, $(grep -cE 'FAIL' "$OUT/test-backend-ops.log") FAIL lines; $(tail -3 "$OUT/test-backend-ops.log" | tr '\n' ' ')"
-    grep -E "FAIL" "$OUT/test-backend-ops.log" | head -20 | tee -a "$OUT/summary.txt"
+    local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/test-backend-ops.log")
+    log "test-backend-ops CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL, $(grep -c 'not supported' <<< "$plain") not supported; $(tail -2 <<< "$plain" | tr '\n' ' ')"
+    grep -E ": FAIL$" <<< "$plain" | head -20 | tee -a "$OUT/summary.txt"
 
     pyenv
     python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
@@ -82,12 +83,14 @@ EOF
     log "tests done in $(( $(date +%s) - t0 )) s"
 }
 
+# environment: SHAPE (llama3-8b, qwen3-8b, ...), TYPES, TG (tokens per tg test), REPS
 bench() {
     local depths=${1:-0,4096,16384,32768}
+    local shape=${SHAPE:-llama3-8b} types=${TYPES:-f16 q8_0 q4_0 oscar2}
     pyenv
-    local M=/tmp/m8b.gguf
+    local M=/tmp/$shape-q4_0.gguf
     if [ ! -f $M ]; then
-        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('llama3-8b', 'q4_0', '$M', rotations=True)" \
+        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
             > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log"; return 1; }
     fi
     python3 - <<'EOF' | tee -a "$OUT/summary.txt"
@@ -99,8 +102,9 @@ for _ in range(n): y.copy_(x)
 torch.cuda.synchronize(); dt = (time.perf_counter() - t)/n
 print(f"device copy bandwidth: {2*x.numel()/dt/1e9:.0f} GB/s (read + write of 1 GiB)")
 EOF
-    for T in f16 q8_0 q4_0 oscar2; do
-        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n 64 -r 2 -o json \
+    log "bench $shape, depths $depths, types $types"
+    for T in $types; do
+        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n ${TG:-64} -r ${REPS:-2} -o json \
             > "$OUT/bench_$T.json" 2> "$OUT/bench_$T.err" || log "bench $T failed: $(tail -3 "$OUT/bench_$T.err")"
         log "bench $T done"
     done

@@ -500,6 +500,229 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
     }
 }
 
+// ---- flash attention: the INT2 decode kernel (oscar2 K and V of one type, up to 4 queries) ----
+//
+// The hot loop of long-context decoding. Compared with k_fa_partial, a row is not spread over
+// the whole warp: a team of L = D/16 lanes takes one row, each lane one 4-byte word of codes
+// (16 values of one group) and that group's header, so a warp reads 32/L rows per step with
+// no per-row warp reduction. Because every value of a lane's word shares one (d, m),
+//   K.q = sum_lanes (d * sum_e q_e c_e + m * sum_e q_e)   and   V: acc_e += p d c_e, am += p m,
+// so the codes are used as small integers and m costs one FMA per row. Each lane keeps its own
+// online-softmax state for its 16 values; teams and warps merge once, at the end.
+
+#define OSCAR_INT2_UNROLL 2
+
+template <int D, ggml_type T, int NQ>
+__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 2)
+static __global__ void k_fa_int2(const fa_source src, const fa_params p, const int rows_per_split) {
+    constexpr int G   = group_of(T);
+    constexpr int CB  = G/4;               // code bytes per group
+    constexpr int BY  = 4 + CB;            // bytes per group
+    constexpr int L   = D/16;              // lanes per row: one 4-byte word of codes each
+    constexpr int RPW = WARP_SIZE/L;       // rows per warp and step
+    constexpr int U   = OSCAR_INT2_UNROLL;
+    static_assert(CB % 4 == 0 && WARP_SIZE % L == 0, "word layout");
+
+    const int t    = threadIdx.x;
+    const int w    = threadIdx.y;
+    const int team = t / L;
+    const int l    = t % L;
+    const int hkv  = blockIdx.x % p.n_head_kv;
+    const int s3   = blockIdx.x / p.n_head_kv;
+    const int NT   = NQ / p.gqa > 0 ? NQ / p.gqa : 1;
+    const int tok0 = blockIdx.z*NT;
+    const int nq   = min(NT, p.n_q - tok0)*p.gqa;
+    const int r0   = blockIdx.y*rows_per_split;
+    const int r1   = min(src.n_rows, r0 + rows_per_split);
+
+    // this lane's word: group blk, code bytes bb0..bb0+3 of it; value (j, s) is element
+    // blk*G + bb0 + j + s*CB and sits at bits 8j + 2s of the word
+    const int blk = (4*l) / CB;
+    const int bb0 = (4*l) % CB;
+    const int off_hdr  = blk*BY;
+    const int off_word = blk*BY + 4 + bb0;
+
+    float q[NQ][16], qs[NQ];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const int tok  = tok0 + j / p.gqa;
+        const int head = hkv*p.gqa + j % p.gqa;
+        const float * qp = (const float *) (p.Q + tok*p.nbq1 + head*p.nbq2 + s3*p.nbq3);
+        qs[j] = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const float x = j < nq ? qp[blk*G + bb0 + jj + s*CB]*p.scale : 0.0f;
+                q[j][4*jj + s] = x;
+                qs[j] += x;
+            }
+        }
+    }
+
+    float M[NQ], S[NQ], am[NQ], acc[NQ][16];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        M[j] = -INFINITY;
+        S[j] = 0.0f;
+        am[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            acc[j][i] = 0.0f;
+        }
+    }
+
+    const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
+    const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
+    const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
+
+    // one tile = U rows per team; the next tile's loads are issued before this tile's math, and
+    // the mask is loaded beside K and V (not before them), so a step waits for one round trip
+    struct tile {
+        uint32_t kw[U], vw[U];
+        half2 kdm[U], vdm[U];
+        half mk[U][NQ];
+    };
+    auto load_tile = [&](tile & tl, const int rb) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int r  = rb + u*RPW + team;
+            const bool in = r < r1;
+            const int rr = in ? r : r0; // an in-range row: its bytes are loaded and then ignored
+            const char * kr = Kh + (int64_t) rr*src.nbk1;
+            const char * vr = Vh + (int64_t) rr*src.nbv1;
+            tl.kw[u]  = *(const uint32_t *) (kr + off_word);
+            tl.vw[u]  = *(const uint32_t *) (vr + off_word);
+            tl.kdm[u] = *(const half2 *) (kr + off_hdr);
+            tl.vdm[u] = *(const half2 *) (vr + off_hdr);
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+                const int tok = tok0 + j / p.gqa;
+                tl.mk[u][j] = (j < nq && in) ? (mask ? mask[tok*p.mask_nb1 + rr] : __float2half(0.0f)) : __float2half(-INFINITY);
+            }
+        }
+    };
+
+    constexpr int STEP = OSCAR_FA_WARPS*RPW*U;
+    tile cur, nxt;
+    int rb = r0 + w*RPW*U;
+    if (rb < r1) {
+        load_tile(cur, rb);
+    }
+    for (; rb < r1; rb += STEP) {
+        if (rb + STEP < r1) {
+            load_tile(nxt, rb + STEP);
+        }
+        float sc[U][NQ];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const float2 dm = __half22float2(cur.kdm[u]);
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+                float x = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    x += q[j][i]*(float) ((cur.kw[u] >> (2*i)) & 3); // i = 4*jj + s: bits 8jj + 2s
+                }
+                x = dm.x*x + dm.y*qs[j];
+#pragma unroll
+                for (int off = L/2; off > 0; off >>= 1) {
+                    x += __shfl_xor_sync(0xffffffff, x, off, WARP_SIZE);
+                }
+                x = __shfl_sync(0xffffffff, x, team*L); // one value for the whole team
+                if (p.softcap != 0.0f) {
+                    x = p.softcap*tanhf(x);
+                }
+                const float mk = __half2float(cur.mk[u][j]);
+                // a masked row may hold anything (unused cells): its score is -inf whatever x is
+                sc[u][j] = mk == -INFINITY ? -INFINITY : mk + x;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            float smax = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                smax = fmaxf(smax, sc[u][j]);
+            }
+            if (smax == -INFINITY) {
+                continue;
+            }
+            const float Mn = fmaxf(M[j], smax);
+            const float cf = expf(M[j] - Mn);
+            S[j]  *= cf;
+            am[j] *= cf;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                acc[j][i] *= cf;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (sc[u][j] == -INFINITY) {
+                    continue; // keeps the bytes of masked rows out of the sums
+                }
+                const float e = expf(sc[u][j] - Mn);
+                const float2 dm = __half22float2(cur.vdm[u]);
+                const float pd = e*dm.x;
+                S[j]  += e;
+                am[j] += e*dm.y;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    acc[j][i] += pd*(float) ((cur.vw[u] >> (2*i)) & 3);
+                }
+            }
+            M[j] = Mn;
+        }
+        cur = nxt;
+    }
+
+    // merge the RPW teams of every warp, then the warps: one (M, S, acc) per query for the block
+    constexpr int NP = OSCAR_FA_WARPS*RPW;
+    __shared__ float sh_ml[NP][NQ][2];
+    __shared__ float sh_acc[NP][NQ][D];
+    const int pi = w*RPW + team;
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        if (l == 0) {
+            sh_ml[pi][j][0] = M[j];
+            sh_ml[pi][j][1] = S[j];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                sh_acc[pi][j][blk*G + bb0 + jj + s*CB] = acc[j][4*jj + s] + am[j];
+            }
+        }
+    }
+    __syncthreads();
+    const int tid = w*WARP_SIZE + t;
+    for (int jd = tid; jd < nq*D; jd += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int j = jd / D;
+        const int d = jd % D;
+        float Mx = -INFINITY;
+        for (int pp = 0; pp < NP; ++pp) {
+            Mx = fmaxf(Mx, sh_ml[pp][j][0]);
+        }
+        float a = 0.0f, s = 0.0f;
+        if (Mx != -INFINITY) {
+            for (int pp = 0; pp < NP; ++pp) {
+                const float f = expf(sh_ml[pp][j][0] - Mx);
+                a += f*sh_acc[pp][j][d];
+                s += f*sh_ml[pp][j][1];
+            }
+        }
+        const int tok  = tok0 + j / p.gqa;
+        const int head = hkv*p.gqa + j % p.gqa;
+        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
+        const int part = p.part0 + blockIdx.y;
+        p.part_acc[(qi*p.n_part + part)*D + d] = a;
+        if (d == 0) {
+            p.part_ml[qi*p.n_part + part] = make_float2(Mx, s);
+        }
+    }
+}
+
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
 template <int D>
 static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
@@ -547,7 +770,11 @@ template <int D, ggml_type KT, ggml_type VT, int NQ>
 static void launch_partial_nq(const fa_source & src, const fa_params & p, int n_split, int rows_per_split, int n_groups, cudaStream_t stream) {
     const dim3 grid(p.n_head_kv*p.ne3, n_split, n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
-    k_fa_partial<D, KT, VT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
+    if constexpr (KT == VT && (KT == GGML_TYPE_OSCAR2 || KT == GGML_TYPE_OSCAR2_64) && NQ <= 4) {
+        k_fa_int2<D, KT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
+    } else {
+        k_fa_partial<D, KT, VT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
+    }
     CUDA_CHECK(cudaGetLastError());
 }
 
