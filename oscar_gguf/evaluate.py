@@ -237,7 +237,7 @@ _RE_PPL_CHUNK = re.compile(r"\[(\d+)\]" + _NUM + ",")
 
 
 _RE_WINDOW = re.compile(r"oscar window: sink (\d+) \+ recent (\d+) tokens per sequence in (\w+), "
-                        r"(\d+) slots x (\d+) stream\(s\), ([\d.]+) MiB")
+                        r"(\d+) slots(?: \((\d+) rows\))? x (\d+) stream\(s\), ([\d.]+) MiB")
 
 
 def parse_window_mib(log: str) -> float | None:
@@ -246,7 +246,7 @@ def parse_window_mib(log: str) -> float | None:
     It is allocated apart from the main cache and logged on its own line, so it is added to
     the KV size here; it holds n_seq x (S + R + n_ubatch) slots, more than S + R alone."""
     m = _RE_WINDOW.search(log)
-    return float(m[6]) if m else None
+    return float(m[7]) if m else None
 
 
 def kv_total_mib(log: str) -> tuple[float | None, float | None]:
