@@ -33,22 +33,101 @@ class ConvertError(Exception):
 
 # ---- reading --------------------------------------------------------------------------------
 
+# fixed sizes of the GGUF scalar value types (gguf.h); 8 (string) and 9 (array) are walked
+_GGUF_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _check_gguf_bounds(path: Path) -> None:
+    """Walk the header and key/value section with bounds checks before gguf-py parses it.
+
+    gguf-py trusts every count it reads: a string or array length beyond the end of the file
+    makes it loop for minutes (reads past the end yield empty views). Refuse such files here,
+    in time proportional to the file's real size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24 or head[:4] != GGUF_MAGIC:
+            return  # gguf-py's own error says what is wrong
+        version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:])
+        if n_kv > size or n_tensors > size:
+            raise ConvertError(f"{path}: not a readable GGUF file (header claims {n_kv} keys and "
+                               f"{n_tensors} tensors in {size} bytes)")
+        pos = 24
+
+        def need(n: int, what: str) -> None:
+            if n < 0 or pos + n > size:
+                raise ConvertError(f"{path}: not a readable GGUF file ({what} runs past the end of the file)")
+
+        def u(fmt: str, what: str):
+            nonlocal pos
+            n = struct.calcsize(fmt)
+            need(n, what)
+            f.seek(pos)
+            pos += n
+            return struct.unpack(fmt, f.read(n))[0]
+
+        def skip_value(vtype: int, what: str, depth: int = 0) -> None:
+            nonlocal pos
+            if vtype in _GGUF_SCALAR_SIZE:
+                need(_GGUF_SCALAR_SIZE[vtype], what)
+                pos += _GGUF_SCALAR_SIZE[vtype]
+            elif vtype == 8:
+                n = u("<Q", what)
+                need(n, what)
+                pos += n
+            elif vtype == 9 and depth == 0:
+                etype, count = u("<I", what), u("<Q", what)
+                if etype in _GGUF_SCALAR_SIZE:
+                    need(count * _GGUF_SCALAR_SIZE[etype], what)
+                    pos += count * _GGUF_SCALAR_SIZE[etype]
+                elif etype in (8, 9):
+                    need(count * 8, what)  # every element takes at least 8 bytes
+                    for _ in range(count):
+                        skip_value(etype, what, depth + 1)
+                else:
+                    raise ConvertError(f"{path}: not a readable GGUF file ({what} has invalid element type {etype})")
+            else:
+                raise ConvertError(f"{path}: not a readable GGUF file ({what} has invalid value type {vtype})")
+
+        for i in range(n_kv):
+            n = u("<Q", f"key {i}")
+            need(n, f"key {i}")
+            pos += n
+            skip_value(u("<I", f"key {i}"), f"the value of key {i}")
+
+
 def _reader(path: Path):
     from gguf import GGUFReader
     try:
-        return GGUFReader(str(path), "r")
+        if path.is_file():
+            _check_gguf_bounds(path)
+        r = GGUFReader(str(path), "r")
+        for t in r.tensors:  # llama.cpp refuses these; a copy would launder them into a valid file
+            rel = int(t.data_offset) - int(r.data_offset)
+            if rel % int(r.alignment) or int(t.data_offset) + int(t.n_bytes) > path.stat().st_size:
+                raise ConvertError(f"{path}: not a readable GGUF file (tensor {t.name} has offset {rel}, "
+                                   f"misaligned or past the end of the file)")
+        return r
     except FileNotFoundError:
         raise ConvertError(f"{path}: no such file") from None
+    except ConvertError:
+        raise
     except Exception as e:  # truncated or not a GGUF: gguf-py raises assorted errors
         raise ConvertError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _contents(f):
+    try:
+        return f.contents()
+    except UnicodeDecodeError:
+        raise ConvertError(f"GGUF key {f.name} holds a string that is not valid UTF-8") from None
 
 
 def _field(reader, key: str, default=None):
     f = reader.get_field(key)
     if f is None:
         return default
-    v = f.contents()
-    return v
+    return _contents(f)
 
 
 @dataclass
@@ -79,6 +158,15 @@ def _per_layer(v, n: int) -> list[int]:
     return [int(v)] * n
 
 
+def _rotation_layer(name: str) -> str | None:
+    """The layer part of blk.{i}.attn_k_rot / attn_v_rot (any text between the dots), else None."""
+    for fmt in (K.K_ROT, K.V_ROT):
+        prefix, suffix = fmt.split("{}")
+        if name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix) + len(suffix):
+            return name[len(prefix):len(name) - len(suffix)]
+    return None
+
+
 def read_model_info(path: str | Path, reader=None) -> ModelInfo:
     path = Path(path)
     r = reader or _reader(path)
@@ -105,17 +193,19 @@ def read_model_info(path: str | Path, reader=None) -> ModelInfo:
             prefix, suffix = fmt.split("{}")
             if t.name.startswith(prefix) and t.name.endswith(suffix):
                 idx = t.name[len(prefix):len(t.name) - len(suffix)]
-                if idx.isdigit() and t.tensor_type == GGML_TYPE_F32 and len(t.shape) == 2:
+                if idx.isascii() and idx.isdigit() and t.tensor_type == GGML_TYPE_F32 and len(t.shape) == 2:
                     d0, d1 = int(t.shape[0]), int(t.shape[1])
                     dst[int(idx)] = np.asarray(t.data, dtype=np.float32).reshape(d1, d0)
     for f in r.fields.values():
         if f.name.startswith("oscar."):
-            info.oscar[f.name] = f.contents()
+            info.oscar[f.name] = _contents(f)
     return info
 
 
 def orthogonality_error(r: np.ndarray) -> float:
     r = np.asarray(r, dtype=np.float64)
+    if r.ndim != 2 or r.shape[0] != r.shape[1] or r.size == 0:
+        return float("inf")  # not a rotation at all
     return float(np.abs(r.T @ r - np.eye(r.shape[0])).max())
 
 
@@ -255,7 +345,10 @@ def convert(src: str | Path, dst: str | Path, rot: Rotations, *, sink: int = K.D
         raise ConvertError(f"window sizes must be between 0 and {1 << 20} (got sink {sink}, recent {recent})")
     reader = _reader(src)
     info = read_model_info(src, reader)
-    if (info.has_rotations or info.oscar) and not replace:
+    # every tensor named like a rotation, whatever its type or shape (read_model_info keeps only
+    # the f32 [d, d] ones): --replace must drop them all, or the output holds a duplicate name
+    old = {t.name for t in reader.tensors if _rotation_layer(t.name) is not None}
+    if (info.has_rotations or info.oscar or old) and not replace:
         raise ConvertError(f"{src} already carries OSCAR rotations or metadata; pass --replace to swap them")
     check_rotations(rot, info)
 
@@ -269,7 +362,6 @@ def convert(src: str | Path, dst: str | Path, rot: Rotations, *, sink: int = K.D
     kv += [(K.KEY_CALIB_PREFIX + k, T_STRING, str(v)) for k, v in sorted(rot.provenance.items())]
     tensors = [(K.K_ROT.format(il), r) for il, r in sorted(rot.k_rot.items())]
     tensors += [(K.V_ROT.format(il), r) for il, r in sorted(rot.v_rot.items())]
-    old = {K.K_ROT.format(i) for i in info.k_rot} | {K.V_ROT.format(i) for i in info.v_rot}
     write_gguf(src, dst, kv, tensors, drop_prefixes=("oscar.",) if replace else (), drop_tensors=old, reader=reader)
     return info
 
@@ -290,8 +382,10 @@ def inspect_report(path: str | Path) -> str:
     for k, v in sorted(info.oscar.items()):
         if k.startswith(K.KEY_CALIB_PREFIX):
             lines.append(f"  {k} = {v}")
-    ck = info.oscar.get(K.KEY_CLIP_K) or []
-    cv = info.oscar.get(K.KEY_CLIP_V) or []
+    ck = info.oscar.get(K.KEY_CLIP_K)
+    cv = info.oscar.get(K.KEY_CLIP_V)
+    ck = ck if isinstance(ck, list) else []  # a scalar or string where an array belongs: shown as "-"
+    cv = cv if isinstance(cv, list) else []
     lines.append("  layer  K |RtR-I|   V |RtR-I|   clip K  clip V")
     worst = 0.0
     for il in range(info.n_layer):
@@ -299,8 +393,8 @@ def inspect_report(path: str | Path) -> str:
         ev = orthogonality_error(info.v_rot[il]) if il in info.v_rot else None
         worst = max([worst] + [e for e in (ek, ev) if e is not None])
         fmt = lambda e: "      -   " if e is None else f"{e:10.2e}"  # noqa: E731
-        c_k = f"{ck[il]:.3f}" if il < len(ck) else "  -  "
-        c_v = f"{cv[il]:.3f}" if il < len(cv) else "  -  "
+        c_k = f"{ck[il]:.3f}" if il < len(ck) and isinstance(ck[il], (int, float)) else "  -  "
+        c_v = f"{cv[il]:.3f}" if il < len(cv) and isinstance(cv[il], (int, float)) else "  -  "
         lines.append(f"  {il:5d} {fmt(ek)}  {fmt(ev)}   {c_k}   {c_v}")
     verdict = "ok" if worst <= ORTHO_TOL else "NOT ORTHOGONAL"
     lines.append(f"  rotations: {len(info.k_rot)} K + {len(info.v_rot)} V, worst |R^T R - I| = {worst:.2e} ({verdict})")

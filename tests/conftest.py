@@ -40,3 +40,14 @@ def bundled_model() -> Path:
 @pytest.fixture(scope="session")
 def n_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small tensors: one torch thread is as fast, and immune to OpenMP spin-waits on a busy
+    2-core CI box. Modules opt in with pytestmark = pytest.mark.usefixtures("one_torch_thread")."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -13,14 +13,7 @@ from oscar_gguf.calibrate.capture_hf import attention_tap, mask_to_bool
 from oscar_gguf.calibrate.simulate import KVConfig, run_simulation, simulated_attention, standard_configs
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: one thread is as fast, and immune to OpenMP spin-waits on a busy CI box."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 T = 40
 

@@ -11,14 +11,7 @@ import pytest
 from oscar_gguf.calibrate.cli import main
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: one thread is as fast, and immune to OpenMP spin-waits on a busy CI box."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run(argv, capsys):

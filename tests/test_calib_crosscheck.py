@@ -30,14 +30,7 @@ from oscar_gguf.calibrate.calibrator import CalibrationState
 from oscar_gguf.calibrate.fakequant import fake_quantize
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: one thread is as fast, and immune to OpenMP spin-waits on a busy CI box."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 T = 256
 TOL_SIGMA_K, TOL_SIGMA_V, TOL_EIG, TOL_COS, TOL_ERR = 0.05, 0.08, 0.05, 0.95, 0.03

@@ -11,14 +11,7 @@ from oscar_gguf.quant import clip_index
 from oscar_gguf.quant import fake_quantize as reference
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: one thread is as fast, and immune to OpenMP spin-waits on a busy CI box."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _cases(rng):

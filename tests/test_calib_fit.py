@@ -10,14 +10,7 @@ from oscar_gguf.calibrate.fit import (bit_reversal_permutation, bit_reverse, can
 from oscar_gguf.calibrate.stats import AttentionShape, LayerStats, group_queries
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: one thread is as fast, and immune to OpenMP spin-waits on a busy CI box."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_cov(d, rng):

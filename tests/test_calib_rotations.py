@@ -11,12 +11,7 @@ from oscar_gguf.calibrate.rotations import (SampleStore, dc_rotation, learn_rota
                                             target_clip)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("d,group", [(64, 64), (128, 128), (256, 128)])

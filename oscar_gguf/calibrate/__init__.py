@@ -44,7 +44,7 @@ __all__ = ["calibrate", "Calibrator", "CalibrationState", "ModelInfo", "Rotation
 
 
 def calibrate(model, *, text=None, tokens: int = 32768, seq_len: int | None = None, device: str = "auto",
-              clip: str = "search", backend: str = "auto", tokenizer=None, rotation: str = "learned",
+              clip: str = "search", backend: str = "auto", tokenizer=None, rotation: str = "key-eigen-dc",
               window: tuple[int, int] = DEFAULT_WINDOW, progress: bool = True,
               out: str | os.PathLike | None = None) -> RotationArtifact:
     """Calibrate a model and return (and optionally save) its RotationArtifact.
@@ -53,7 +53,7 @@ def calibrate(model, *, text=None, tokens: int = 32768, seq_len: int | None = No
     (then pass its `tokenizer`). text: FILE | DIR | JSONL path, a list of strings, or None
     for the bundled corpus. clip: "search" (per-layer, on held-out chunks) or "fixed"
     (0.96 / 0.92). window: the (sink, recent) tokens the runtime keeps in f16, which the clip
-    search leaves out of its objectives. rotation: "learned" (default), "key-eigen-dc",
+    search leaves out of its objectives. rotation: "key-eigen-dc" (default), "learned",
     "hadamard" or "oscar" (DESIGN.md section 1 exactly); see rotations.py for what each is and
     what it measured.
     """

@@ -216,7 +216,7 @@ def load_artifact(path: str | os.PathLike) -> RotationArtifact:
         if name in ("clip_k", "clip_v"):
             continue
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit() or parts[2] not in per_layer:
+        if len(parts) != 3 or parts[0] != "layers" or not (parts[1].isascii() and parts[1].isdigit()) or parts[2] not in per_layer:
             raise ValueError(f"{path}: unexpected tensor {name!r}")
         per_layer[parts[2]][int(parts[1])] = t
     extra = {k: v for k, v in meta.items() if k not in REQUIRED_META}

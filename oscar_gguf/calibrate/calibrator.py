@@ -37,7 +37,8 @@ class ModelInfo:
     extra: dict = field(default_factory=dict)
 
 
-DEFAULT_RECIPE = "learned"
+# the best recipe whose fit costs seconds (rotations.py says what each measured)
+DEFAULT_RECIPE = "key-eigen-dc"
 METHODS = {"oscar": "oscar-qqt-sst", "hadamard": "hadamard", "key-eigen-dc": "key-eigen-dc/sst-dc",
            "learned": "learned-hadamard-ste/qqt-sst-weighted"}
 

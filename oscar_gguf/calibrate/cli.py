@@ -53,9 +53,11 @@ def register(subparsers) -> None:
     c.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     c.add_argument("--clip", choices=("fixed", "search"), default="search",
                    help="fixed: 0.96 (K) / 0.92 (V); search: per layer on held-out chunks (default)")
-    c.add_argument("--rotation", choices=("learned", "key-eigen-dc", "hadamard", "oscar"), default="learned",
-                   help="rotation recipe (default learned: Hadamard refined through the 2-bit quantizer; "
-                        "oscar: DESIGN's U·H·P_br on the qqt/sst covariances)")
+    c.add_argument("--rotation", choices=("key-eigen-dc", "learned", "hadamard", "oscar"), default="key-eigen-dc",
+                   help="rotation recipe (default key-eigen-dc: the keys' eigenbasis with the top directions on "
+                        "the group-constant Hadamard rows; learned: Hadamard refined through the 2-bit "
+                        "quantizer, minutes per model on a CPU; oscar: DESIGN's U·H·P_br on the qqt/sst "
+                        "covariances)")
     c.add_argument("--backend", choices=("auto", "hf", "llama"), default="auto",
                    help="capture with transformers (hf) or llama.cpp (llama, GGUF only); auto: llama for a GGUF")
     c.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="SINK,RECENT",

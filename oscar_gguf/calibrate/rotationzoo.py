@@ -27,10 +27,13 @@ def _read_zoo(path: str | os.PathLike) -> tuple[str, dict[int, tuple[np.ndarray,
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ValueError(f"{path} is not a readable torch file ({type(e).__name__}: {e})") from None
+        # torch's own message can span many lines; the first says what went wrong
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{path} is not a readable torch file ({type(e).__name__}: {first})") from None
     if not isinstance(obj, dict) or "layers" not in obj or not isinstance(obj["layers"], dict):
         raise ValueError(f"{path} is not a RotationZoo file: expected a dict with a 'layers' dict")
-    if int(obj.get("format_version", 1)) != 1:
+    version = obj.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version != 1:
         raise ValueError(f"{path}: RotationZoo format_version {obj.get('format_version')} is not supported")
     layers = {}
     for key, entry in obj["layers"].items():
@@ -40,8 +43,15 @@ def _read_zoo(path: str | os.PathLike) -> tuple[str, dict[int, tuple[np.ndarray,
             raise ValueError(f"{path}: layer key {key!r} is not an integer") from None
         if not isinstance(entry, dict) or "rotation" not in entry or "eigenvalues" not in entry:
             raise ValueError(f"{path}: layer {i} needs 'rotation' and 'eigenvalues'")
-        r = entry["rotation"].detach().to(torch.float64).cpu().numpy()
-        lam = entry["eigenvalues"].detach().to(torch.float64).cpu().numpy().reshape(-1)
+        r, lam = entry["rotation"], entry["eigenvalues"]
+        for name, t in (("rotation", r), ("eigenvalues", lam)):
+            if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+                raise ValueError(f"{path}: layer {i} {name} must be a real floating-point tensor, "
+                                 f"got {type(t).__name__}{'' if not isinstance(t, torch.Tensor) else ' ' + str(t.dtype)}")
+        if r.ndim != 2 or r.shape[0] != r.shape[1] or r.shape[0] == 0:
+            raise ValueError(f"{path}: layer {i} rotation must be a square [d, d] matrix, got shape {list(r.shape)}")
+        r = r.detach().to(torch.float64).cpu().numpy()
+        lam = lam.detach().to(torch.float64).cpu().numpy().reshape(-1)
         layers[i] = (r, lam)
     if not layers:
         raise ValueError(f"{path} holds no layers")
