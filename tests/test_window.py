@@ -68,6 +68,32 @@ def test_prefill_larger_than_the_window_in_one_or_many_ubatches(model, tokens):
     assert rel(outs[0], outs[1]) < 1e-4
 
 
+def all_attn(ctx) -> np.ndarray:
+    """Layer 0's attention output of every token decoded so far, [n_tokens, n_embd]."""
+    return np.concatenate([a.reshape(-1, a.shape[-2], a.shape[-1])[0] for a in ctx.captured[ATTN0]])
+
+
+def test_every_prompt_token_attends_the_same_in_any_ubatch_split(model, tokens):
+    """The window is the query's own (the sink and the R positions up to it), so every token of a
+    prompt longer than the window reads the same stores whether the prompt comes in one ubatch,
+    in small ones, or one token at a time (a per-sequence window would read a mid-prompt
+    query's recent positions from INT2 in a big ubatch and from f16 in a small one)."""
+    toks = tokens[:120]
+    outs = {}
+    for n_ubatch in (512, 16, 1):
+        with Model(model) as m, Context(m, n_ctx=256, n_batch=512, n_ubatch=n_ubatch, capture=[ATTN0],
+                                        oscar_sink=4, oscar_recent=24, **OSCAR) as c:
+            if n_ubatch == 1:
+                for i, t in enumerate(toks):
+                    c.decode([t], i)
+            else:
+                c.decode(toks)
+            outs[n_ubatch] = all_attn(c)
+    assert outs[512].shape == outs[1].shape == (120, outs[512].shape[1])
+    assert rel(outs[16], outs[512]) < 1e-4
+    assert rel(outs[1], outs[512]) < 1e-4
+
+
 def test_sequences_give_the_same_results_as_alone(model, tokens):
     lens = {0: 40, 1: 90, 2: 25}
     win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
@@ -143,9 +169,10 @@ def test_window_memory_is_in_the_kv_log(model, n_threads):
     log = r.stdout + r.stderr
     assert r.returncode == 0
     assert "oscar window buffer size" in log
-    # (S + R) slots per sequence, stored as rows padded to 256 plus one trash row:
-    # 513 rows x 30 layers x (K + V) x 192 values x 2 bytes = 11.27 MiB
-    assert "sink 64 + recent 256" in log and "320 slots (513 rows)" in log and "11.27 MiB" in log
+    # S + R slots per sequence plus one ubatch (a prefill query reads the R positions before it
+    # from f16 too), stored as rows padded to 256 plus one trash row:
+    # 64 + 256 + 512 = 832 slots -> 1025 rows x 30 layers x (K + V) x 192 values x 2 bytes = 22.52 MiB
+    assert "sink 64 + recent 256" in log and "832 slots (1025 rows)" in log and "22.52 MiB" in log
 
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",

@@ -80,9 +80,11 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
 
     const uint32_t n_stream  = llama_oscar_kv_access::n_stream(kv);
     const uint32_t n_seq_str = n_stream == 1 ? kv.get_n_seq_max() : 1; // sequences sharing one stream
-    // after each ubatch a sequence needs at most S + R slots (its sink and recent positions);
-    // slots are freed before new ones are taken, so no room for a whole ubatch is needed
-    w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent));
+    // a sequence needs its sink, the R - 1 positions before its first token in the ubatch and
+    // the ubatch's own tokens (each query reads the R positions before it from the window, so
+    // a prefill batch needs f16 rows for its own tokens too); slots are freed before new ones
+    // are taken, so S + R per sequence plus one ubatch is always enough
+    w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent) + cparams.n_ubatch);
     w->n_pad   = GGML_PAD(w->n_slots, HP_PAD);
 
     w->streams.resize(n_stream);
@@ -136,20 +138,28 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
 
 // ---- membership -------------------------------------------------------------------------
 
-static bool in_window(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c, llama_seq_id s) {
-    const llama_pos p = cells.pos_get(c);
+// Whether a query at position q reads the cached position p from the window: p is in the
+// sink, or among the R positions up to q. The window is the query's, not the sequence's, so
+// a token sees the same stores whether the prompt came in one ubatch, several, or one token
+// at a time (at decode the query is the sequence's last position, and both views agree).
+static bool in_window(const llama_oscar_window & w, llama_pos p, llama_pos q) {
     if (p < (llama_pos) w.sink) {
         return true;
     }
-    return w.recent > 0 && (int64_t) p > (int64_t) cells.seq_pos_max(s) - (int64_t) w.recent;
+    return w.recent > 0 && (int64_t) p > (int64_t) q - (int64_t) w.recent;
 }
 
-static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c, uint32_t n_seq_max) {
+// first_q[s]: the earliest query position of sequence s that attention will still run,
+// i.e. its first token in the ubatch being applied, else the position after its last one
+static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c,
+        const std::vector<llama_pos> & first_q) {
     if (cells.is_empty(c)) {
         return false;
     }
-    for (llama_seq_id s = 0; s < (llama_seq_id) n_seq_max; ++s) {
-        if (cells.seq_has(c, s) && in_window(w, cells, c, s)) {
+    const llama_pos p = cells.pos_get(c);
+    for (llama_seq_id s = 0; s < (llama_seq_id) first_q.size(); ++s) {
+        // a cell is needed while some query at first_q or later reads it: p > first_q - R
+        if (cells.seq_has(c, s) && in_window(w, p, first_q[s])) {
             return true;
         }
     }
@@ -201,16 +211,31 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
         const auto & cells  = v_cells[strm];
         auto & st = w->streams[strm];
 
+        // the earliest query of every sequence: its first token in this ubatch, else the next one
+        std::vector<llama_pos> first_q(n_seq);
+        for (llama_seq_id q = 0; q < (llama_seq_id) n_seq; ++q) {
+            first_q[q] = cells.seq_pos_max(q) + 1;
+        }
+        for (uint32_t c : sinfo.idxs[s]) {
+            if (!cells.is_empty(c)) {
+                for (llama_seq_id q = 0; q < (llama_seq_id) n_seq; ++q) {
+                    if (cells.seq_has(c, q)) {
+                        first_q[q] = std::min(first_q[q], cells.pos_get(c));
+                    }
+                }
+            }
+        }
+
         // tokens that left every window (or cells emptied since) give their slot back
         for (uint32_t slot = 0; slot < st.high; ++slot) {
             const int32_t c = st.slot_cell[slot];
-            if (c >= 0 && !needs_slot(*w, cells, (uint32_t) c, n_seq)) {
+            if (c >= 0 && !needs_slot(*w, cells, (uint32_t) c, first_q)) {
                 free_slot(st, slot);
             }
         }
-        // the tokens of this ubatch: a slot if they are in a window after this ubatch
+        // the tokens of this ubatch: a slot if a query of this ubatch or a later one reads them
         for (uint32_t c : sinfo.idxs[s]) {
-            const bool need = needs_slot(*w, cells, c, n_seq);
+            const bool need = needs_slot(*w, cells, c, first_q);
             if (need && st.cell_slot[c] < 0) {
                 if (alloc_slot(st, c) < 0 && !w->warned_full) {
                     LLAMA_LOG_WARN("%s: oscar window full (%u slots): some window tokens are read from INT2\n", __func__, w->n_slots);
@@ -372,6 +397,7 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
 
     for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
         const llama_seq_id seq = ubatch->seq_id[i][0];
+        const llama_pos    q   = ubatch->pos[i];
         const uint32_t strm    = seq_to_stream[seq];
         const auto & cells     = v_cells[strm];
         const auto & st        = w.streams[strm];
@@ -380,12 +406,13 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
         T * row = out + i*W;
 
         for (int64_t j = 0; j < n_kv; ++j) {
-            const bool hp = j < (int64_t) cells.size() && st.cell_slot[j] >= 0 && !cells.is_empty(j) && in_window(w, cells, j, seq);
+            const bool hp = j < (int64_t) cells.size() && st.cell_slot[j] >= 0 && !cells.is_empty(j) &&
+                            in_window(w, cells.pos_get(j), q);
             row[j] = hp ? drop : src[j];
         }
         for (int64_t k = 0; k < n_hp; ++k) {
             const int32_t c = k < (int64_t) w.n_slots ? st.slot_cell[k] : -1; // padding rows: never visible
-            const bool vis = c >= 0 && c < n_kv && !cells.is_empty(c) && in_window(w, cells, c, seq);
+            const bool vis = c >= 0 && c < n_kv && !cells.is_empty(c) && in_window(w, cells.pos_get(c), q);
             row[n_kv + k] = vis ? src[c] : drop;
         }
     }

@@ -13,10 +13,13 @@
 // needs them (empty, or outside the window of every sequence it belongs to).
 //
 // Reading. Flash attention gets the used slot range as extra rows (src[5]/src[6]) and the
-// mask grows by as many columns. For a query of sequence s, a cell is read from the window
-// iff it has a slot and lies in s's window; then its cache column is -inf and its window column
-// carries the cell's usual mask value. Otherwise the reverse. One online softmax, each
-// position once, per sequence exact even when sequences share cells.
+// mask grows by as many columns. A query at position q reads a cell from the window iff the
+// cell has a slot and its position p is in the query's window (p < S, or q - R < p); then its
+// cache column is -inf and its window column carries the cell's usual mask value. Otherwise
+// the reverse. One online softmax, each position once, per query exact even when sequences
+// share cells, and the same whether a prompt arrives in one ubatch, several, or token by token.
+// A sequence holds slots for its sink, the R - 1 positions before its first query of the
+// ubatch, and the ubatch's own tokens: n_slots = n_seq x (S + R) + n_ubatch per stream.
 //
 // Limits (documented): after seq_rm shortens a sequence, cells that re-enter its recent
 // window have lost their f16 copy and are read from INT2; the same for cells shifted into
