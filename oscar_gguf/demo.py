@@ -1,6 +1,6 @@
 """`oscar demo`: the whole job in one command, on the bundled model (or --model).
 
-    oscar demo                      # SmolLM2-135M, default sizes (at most about 15 minutes on 2 CPU cores)
+    oscar demo                      # SmolLM2-135M, default sizes (sized for ~15 minutes on 2 CPU cores)
     oscar demo --quick              # CI sizes (about 3 minutes)
     oscar demo --model m.gguf --out runs/m
 
@@ -166,17 +166,26 @@ def row_bytes(cache_type: str, head_dim: int) -> int:
     return head_dim // per * nbytes
 
 
+N_UBATCH = 512    # llama.cpp's default micro-batch, for which the window store keeps spare slots
+
+
+def window_rows(window_tokens: int, n_ctx: int, n_ubatch: int = N_UBATCH) -> int:
+    """Rows of llama.cpp's f16 window store for one sequence: sink + recent slots plus one
+    micro-batch more, at most n_ctx, padded to 256, plus one trash row."""
+    slots = min(n_ctx, window_tokens + n_ubatch)
+    return -(-slots // WINDOW_PAD) * WINDOW_PAD + 1
+
+
 def kv_bytes(info, cache_type: str, n_ctx: int, window_tokens: int = 0) -> dict:
     """K+V bytes of one sequence of n_ctx tokens: the main cache, and for oscar2 with a
-    window the f16 store as llama.cpp allocates it (sink + recent rows padded to 256, + 1)."""
+    window the f16 store as llama.cpp allocates it (see window_rows)."""
     per_tok = info.n_layer * info.n_head_kv * (row_bytes(cache_type, info.head_dim_k)
                                                + row_bytes(cache_type, info.head_dim_v))
     main = per_tok * n_ctx
     win = 0
     if window_tokens:
-        rows = -(-min(window_tokens, n_ctx) // WINDOW_PAD) * WINDOW_PAD + 1
         win = info.n_layer * info.n_head_kv * (row_bytes("f16", info.head_dim_k)
-                                               + row_bytes("f16", info.head_dim_v)) * rows
+                                               + row_bytes("f16", info.head_dim_v)) * window_rows(window_tokens, n_ctx)
     total = main + win
     n_elem = info.n_layer * info.n_head_kv * (info.head_dim_k + info.head_dim_v) * n_ctx
     return {"main": main, "window": win, "total": total, "bits_per_element": 8 * total / n_elem}
@@ -352,7 +361,8 @@ class Demo:
                  f"trained context {info.n_ctx_train}")
             g = "64 (20 B per 64 elements)" if info.head_dim_k % 128 else "128 (36 B per 128 elements)"
             _say(f"blocks: f16 2 B/elem; q8_0 34 B per 32; q4_0 18 B per 32; oscar2 group {g}; window: sink "
-                 f"{sink} + recent {recent} tokens in f16 (llama.cpp allocates {-(-(sink + recent) // WINDOW_PAD) * WINDOW_PAD + 1} rows)")
+                 f"{sink} + recent {recent} tokens in f16 (llama.cpp allocates {window_rows(sink + recent, contexts[-1])} "
+                 f"rows: one micro-batch more, padded)")
             rows = kv_memory_rows(info, contexts)
             _say(kv_memory_text(rows, contexts))
             checks = self._check_against_llama(info)

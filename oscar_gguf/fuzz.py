@@ -1139,6 +1139,8 @@ def worker_main(kind: str) -> int:
         elif req.get("op") == "sleep":  # the harness's own hang detection is tested with this
             time.sleep(float(req["s"]))
             res = {"outcome": "ok"}
+        elif req.get("op") == "abort":  # ... and its crash detection with this (SIGABRT, as an assert)
+            os.abort()
         elif kind == "loader":
             res = _work_loader(req)
         else:

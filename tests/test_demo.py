@@ -56,7 +56,8 @@ def test_files_and_converted_gguf(demo):
     w, h = png_size(ev / "eval.png")
     assert w > 100 and h > 100
     md = (demo["out"] / "demo.md").read_text()
-    assert "oscar demo --quick" in md and "OSCAR + window" in md and "128K" in md
+    assert md.startswith("`oscar demo ") and "--quick" in md.split("`")[1]
+    assert "OSCAR + window" in md and "128K" in md
 
 
 def test_table_has_every_setting_with_finite_numbers(demo):

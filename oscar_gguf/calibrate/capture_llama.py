@@ -94,6 +94,7 @@ class LlamaCppCapture:
         self.seq_len = int(seq_len)
         self._log_tail: list[str] = []
         self._keep = []   # ctypes callbacks must outlive the context
+        self._own_log = not verbose
         if not verbose:
             def _log(level, text, user):
                 self._log_tail = (self._log_tail + [text.decode(errors="replace")])[-20:]
@@ -256,6 +257,16 @@ class LlamaCppCapture:
 
     def close(self) -> None:
         lc = self.llama_cpp
+        if getattr(self, "_own_log", False):
+            self._own_log = False
+            # our log callback dies with this object, but libllama keeps calling whatever was set
+            # last: hand logging back to llama-cpp-python's own callback, so that a Llama(...)
+            # made later in this process does not call freed memory
+            try:
+                from llama_cpp import _logger
+                lc.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+            except Exception:
+                pass
         if getattr(self, "ctx", None):
             lc.llama_free(self.ctx)
             self.ctx = None
