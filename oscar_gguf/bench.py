@@ -12,9 +12,7 @@ time per token from below.
 """
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
 import json
 import re
 import sys
@@ -25,7 +23,7 @@ from typing import Callable, Sequence
 
 from . import gguf_keys as K
 from .evaluate import EvalError, last_error_line, machine_description, stream_tool
-from .plots import rate_vs_depth, write_text_atomic
+from .plots import dataclass_rows_csv, rate_vs_depth, write_text_atomic
 from .quant import GROUP_SIZE, bits_per_element, type_for_head_dim
 from .synth import ModelInfo, model_info, read_gguf_metadata
 
@@ -95,13 +93,7 @@ class BenchResult:
         return "\n".join(out).rstrip()
 
     def to_csv(self) -> str:
-        buf = io.StringIO()
-        names = list(BenchRow.__dataclass_fields__)
-        w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
-        w.writeheader()
-        for r in self.rows:
-            w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
-        return buf.getvalue()
+        return dataclass_rows_csv(self.rows, BenchRow)
 
     def to_json(self) -> str:
         return json.dumps({"meta": self.meta, "notes": self.notes, "rows": [asdict(r) for r in self.rows],

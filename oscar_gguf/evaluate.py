@@ -9,10 +9,8 @@ The settings are data (SETTINGS), so the demo, the passkey test and the CLI shar
 """
 from __future__ import annotations
 
-import csv
 import datetime as _dt
 import hashlib
-import io
 import json
 import os
 import platform
@@ -31,7 +29,7 @@ from .paths import tool_path
 from .quant import GROUP_SIZE, bits_per_element, type_for_head_dim
 from .runtime import parse_kv_size
 from .synth import ModelInfo, model_info, read_gguf_metadata
-from .plots import atomic_output, kld_vs_bits, write_text_atomic
+from .plots import dataclass_rows_csv, atomic_output, kld_vs_bits, write_text_atomic
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 EVAL_TEXT = DATA_DIR / "eval" / "botchan.txt"
@@ -456,13 +454,7 @@ class Table:
         return "\n".join(out)
 
     def to_csv(self) -> str:
-        buf = io.StringIO()
-        names = list(EvalRow.__dataclass_fields__)
-        w = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
-        w.writeheader()
-        for r in self.rows:
-            w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
-        return buf.getvalue()
+        return dataclass_rows_csv(self.rows, EvalRow)
 
     def to_json(self) -> str:
         return json.dumps({"meta": self.meta, "rows": [asdict(r) for r in self.rows]}, indent=2)

@@ -13,6 +13,20 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 
+def dataclass_rows_csv(rows: Sequence, row_type: type) -> str:
+    """CSV of dataclass rows, one column per field of row_type, None as an empty cell."""
+    import csv
+    import io
+    from dataclasses import asdict
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(row_type.__dataclass_fields__), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+    return buf.getvalue()
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it onto `path`."""
