@@ -140,6 +140,71 @@ def test_seq_cp_keep_add_div(model, tokens):
             assert np.all(np.isfinite(lg))
 
 
+def test_truncating_a_sequence_continues_exactly_or_is_refused(model, tokens):
+    """A caller that truncates a sequence (a prompt cache, a regenerate) continues from an earlier
+    position, whose window reaches back to tokens that had left the recent window. Their rows are
+    retired, not dropped, so a continuation soon after reads exactly what a fresh run reads. Once
+    the pool has reused them, seq_rm refuses (removing nothing) instead of letting the
+    continuation read them from INT2; removing the whole sequence always works."""
+    win = dict(oscar_sink=4, oscar_recent=24, n_ubatch=32, **OSCAR)  # 4 + 24 + 32 slots: 32 spare
+    prompt, p = tokens[:80], 80
+    with Model(model) as m:
+        with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+            fresh_logits = c.decode(prompt)
+            fresh = last_attn(c)
+        for n_gen, exact in ((6, True), (120, False)):
+            with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+                c.decode(prompt)
+                for i, t in enumerate(tokens[p:p + n_gen]):
+                    c.decode([t], p + i)
+                assert c.seq_rm(0, p - 1, -1) is exact, n_gen
+                if not exact:
+                    assert c.seq_pos_max(0) == p + n_gen - 1   # refused: nothing was removed
+                    assert c.seq_rm(0, -1, -1)
+                    lg = c.decode(prompt)
+                else:
+                    lg = c.decode(prompt[-1:], p - 1)      # only the last prompt token again
+                assert rel(last_attn(c), fresh) < 1e-4, n_gen
+                assert int(np.argmax(lg)) == int(np.argmax(fresh_logits))
+    # cuts inside a sequence (context shift) and no-op removals are not judged
+    with Model(model) as m, Context(m, n_ctx=256, **win) as c:
+        c.decode(prompt)
+        for i, t in enumerate(tokens[p:p + 120]):
+            c.decode([t], p + i)
+        assert c.seq_rm(0, p + 120, -1)
+        assert c.seq_rm(0, 10, 20)
+
+
+def test_llama_prefix_reuse_is_exact_or_starts_over(model, tokens, capfd):
+    """llama-cpp-python's Llama.generate reuses the longest cached prefix through seq_rm and starts
+    over when seq_rm refuses: the same prompt after a short answer is reused, after a long one it
+    is evaluated again, and both continue like a fresh Llama."""
+    import llama_cpp
+
+    kw = dict(n_ctx=256, n_batch=256, n_ubatch=32, type_k=llama_cpp.GGML_TYPE_OSCAR2, type_v=llama_cpp.GGML_TYPE_OSCAR2,
+              flash_attn=True, oscar_sink=4, oscar_recent=24, n_threads=2, seed=1)
+    prompt = tokens[:80]
+
+    def greedy(llm, n):
+        out = []
+        for t in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            out.append(int(t))
+            if len(out) == n:
+                return out
+
+    fresh = greedy(llama_cpp.Llama(str(model), verbose=False, **kw), 8)
+    llm = llama_cpp.Llama(str(model), verbose=True, **kw)
+    try:
+        for n_first, reused in ((6, True), (120, False)):
+            greedy(llm, n_first)
+            capfd.readouterr()
+            assert greedy(llm, 8) == fresh, n_first
+            err = capfd.readouterr().err
+            assert ("prefix-match hit" in err) is reused and ("re-evaluating full prompt" in err) is not reused, err[-500:]
+    finally:
+        llm.close()
+
+
 def test_session_save_and_restore_continue_identically(model, tokens):
     win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
     with Model(model) as m:

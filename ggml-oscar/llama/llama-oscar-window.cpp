@@ -91,6 +91,7 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
     for (auto & st : w->streams) {
         st.slot_cell.assign(w->n_slots, -1);
         st.cell_slot.assign(kv_size, -1);
+        st.retired_at.assign(w->n_slots, 0);
         for (uint32_t i = 0; i < w->n_slots; ++i) {
             st.free.insert(i);
         }
@@ -166,11 +167,26 @@ static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cell
     return false;
 }
 
+static void unretire(llama_oscar_window::stream_slots & st, uint32_t slot) {
+    if (st.retired_at[slot] != 0) {
+        st.retired.erase({ st.retired_at[slot], slot });
+        st.retired_at[slot] = 0;
+    }
+}
+
+static void retire(llama_oscar_window::stream_slots & st, uint32_t slot) {
+    if (st.retired_at[slot] == 0) {
+        st.retired_at[slot] = ++st.clock;
+        st.retired.insert({ st.retired_at[slot], slot });
+    }
+}
+
 static void free_slot(llama_oscar_window::stream_slots & st, uint32_t slot) {
     const int32_t c = st.slot_cell[slot];
     if (c >= 0) {
         st.cell_slot[c] = -1;
     }
+    unretire(st, slot);
     st.slot_cell[slot] = -1;
     st.free.insert(slot);
     while (st.high > 0 && st.slot_cell[st.high - 1] < 0) {
@@ -178,9 +194,13 @@ static void free_slot(llama_oscar_window::stream_slots & st, uint32_t slot) {
     }
 }
 
+// a free slot, else the oldest retired one; -1 when every slot is in use
 static int32_t alloc_slot(llama_oscar_window::stream_slots & st, uint32_t c) {
     if (st.free.empty()) {
-        return -1;
+        if (st.retired.empty()) {
+            return -1;
+        }
+        free_slot(st, st.retired.begin()->second);
     }
     const uint32_t slot = *st.free.begin();
     st.free.erase(st.free.begin());
@@ -226,17 +246,27 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
             }
         }
 
-        // tokens that left every window (or cells emptied since) give their slot back
+        // emptied cells give their slot back; tokens that left every window retire theirs (kept
+        // for a truncation that brings them back); retired tokens a query needs again return
         for (uint32_t slot = 0; slot < st.high; ++slot) {
             const int32_t c = st.slot_cell[slot];
-            if (c >= 0 && !needs_slot(*w, cells, (uint32_t) c, first_q)) {
+            if (c < 0) {
+                continue;
+            }
+            if (cells.is_empty(c)) {
                 free_slot(st, slot);
+            } else if (needs_slot(*w, cells, (uint32_t) c, first_q)) {
+                unretire(st, slot);
+            } else {
+                retire(st, slot);
             }
         }
         // the tokens of this ubatch: a slot if a query of this ubatch or a later one reads them
         for (uint32_t c : sinfo.idxs[s]) {
             const bool need = needs_slot(*w, cells, c, first_q);
-            if (need && st.cell_slot[c] < 0) {
+            if (need && st.cell_slot[c] >= 0) {
+                unretire(st, (uint32_t) st.cell_slot[c]); // the cell's previous token's slot: rewritten now
+            } else if (need) {
                 if (alloc_slot(st, c) < 0 && !w->warned_full) {
                     LLAMA_LOG_WARN("%s: oscar window full (%u slots): some window tokens are read from INT2\n", __func__, w->n_slots);
                     w->warned_full = true;
@@ -257,6 +287,8 @@ void llama_oscar_window_clear(llama_kv_cache & kv) {
     for (auto & st : w->streams) {
         std::fill(st.slot_cell.begin(), st.slot_cell.end(), -1);
         std::fill(st.cell_slot.begin(), st.cell_slot.end(), -1);
+        std::fill(st.retired_at.begin(), st.retired_at.end(), 0);
+        st.retired.clear();
         st.free.clear();
         for (uint32_t i = 0; i < w->n_slots; ++i) {
             st.free.insert(i);
@@ -272,6 +304,35 @@ uint32_t llama_oscar_window_n_hp(const llama_kv_cache_context * mctx) {
     }
     const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
     return w ? w->n_hp_cur : 0;
+}
+
+bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+    const llama_oscar_window * w = llama_oscar_window_of(kv);
+    if (!w || p0 <= 0) {
+        return true; // no window, or the whole sequence goes
+    }
+    const auto & v_cells = llama_oscar_kv_access::cells(kv);
+    const uint32_t n_seq = kv.get_n_seq_max();
+    for (uint32_t strm = 0; strm < v_cells.size(); ++strm) {
+        const auto & cells = v_cells[strm];
+        const auto & st    = w->streams[strm];
+        for (llama_seq_id s = 0; s < (llama_seq_id) n_seq; ++s) {
+            if ((seq_id >= 0 && s != seq_id) || cells.seq_pos_max(s) < p0) {
+                continue; // not this sequence, or nothing of it is removed
+            }
+            if (p1 >= 0 && p1 <= cells.seq_pos_max(s)) {
+                continue; // a cut inside the sequence, not a truncation
+            }
+            // the next query is p0: every kept position in its window needs its f16 row
+            for (uint32_t c = 0; c < cells.size(); ++c) {
+                if (!cells.is_empty(c) && cells.seq_has(c, s) && cells.pos_get(c) < p0 &&
+                        in_window(*w, cells.pos_get(c), p0) && st.cell_slot[c] < 0) {
+                    return false;
+                }
+            }
+        }
+    }
+    return true;
 }
 
 // ---- graph: inputs, writes, views -------------------------------------------------------------
@@ -533,7 +594,8 @@ void llama_oscar_window_state_write(const llama_kv_cache & kv, llama_io_write_i 
     if (w) {
         const auto & st = w->streams[strm];
         for (uint32_t i = 0; i < cells.size(); ++i) {
-            if (st.cell_slot[cells[i]] >= 0) {
+            const int32_t slot = st.cell_slot[cells[i]];
+            if (slot >= 0 && st.retired_at[slot] == 0) { // retired rows stay behind
                 order.push_back(i);
             }
         }
@@ -574,6 +636,16 @@ void llama_oscar_window_state_read(llama_kv_cache & kv, llama_io_read_i & io, ui
     io.read(&n_rows,   sizeof(n_rows));
     io.read(&type,     sizeof(type));
     io.read(&n_layers, sizeof(n_layers));
+    if (w) {
+        // the restored cells hold new tokens: a slot left from their previous tokens is stale
+        auto & st = w->streams[strm];
+        for (uint32_t c : cells) {
+            if (st.cell_slot[c] >= 0) {
+                free_slot(st, (uint32_t) st.cell_slot[c]);
+            }
+        }
+        update_n_hp(*w);
+    }
     if (n_rows == 0) {
         return; // saved without window rows: the restored tokens are read from INT2
     }

@@ -9,8 +9,17 @@
 // Store. Per cache layer one tensor K [n_embd_k_gqa, n_rows, n_stream] and one V, n_rows =
 // n_slots + 1 (the last row is a trash row that takes the writes of tokens outside the
 // window). A slot pool per stream maps slot <-> cell. Slots are assigned in the real apply()
-// of a ubatch (never in prepare()'s simulation) and freed lazily when their cell no longer
-// needs them (empty, or outside the window of every sequence it belongs to).
+// of a ubatch (never in prepare()'s simulation). A slot whose cell no longer needs it (outside
+// the window of every sequence it belongs to) is *retired*, not freed: it keeps its cell and
+// its row, and attention skips it (masked), until the pool runs out of free slots and the
+// oldest retired one is taken. A slot of an emptied cell is freed.
+//
+// Why retire. A caller that truncates a sequence (the server's prompt cache, a regenerate,
+// llama-cpp-python's prefix reuse) continues from an earlier position, whose recent window
+// reaches back to tokens that had already left the window. Retired rows still hold them, so
+// the continuation reads exactly what a fresh run would. When they are gone, seq_rm refuses
+// the truncation (llama_oscar_window_can_truncate) and the caller starts the sequence over,
+// as it does for caches that cannot remove part of a sequence.
 //
 // Reading. Flash attention gets the used slot range as extra rows (src[5]/src[6]) and the
 // mask grows by as many columns. A query at position q reads a cell from the window iff the
@@ -19,11 +28,11 @@
 // the reverse. One online softmax, each position once, per query exact even when sequences
 // share cells, and the same whether a prompt arrives in one ubatch, several, or token by token.
 // A sequence holds slots for its sink, the R - 1 positions before its first query of the
-// ubatch, and the ubatch's own tokens: n_slots = n_seq x (S + R) + n_ubatch per stream.
+// ubatch, and the ubatch's own tokens: n_slots = n_seq x (S + R) + n_ubatch per stream, and
+// the slots left over at decode keep retired rows.
 //
-// Limits (documented): after seq_rm shortens a sequence, cells that re-enter its recent
-// window have lost their f16 copy and are read from INT2; the same for cells shifted into
-// the sink range. A full slot pool (only with unusual position layouts) leaves a token in INT2.
+// Limits (documented): cells shifted into the sink range (context shift) are read from INT2.
+// A full slot pool (only with unusual position layouts) leaves a token in INT2.
 #pragma once
 
 #include "llama-oscar-kv.h"
@@ -54,6 +63,9 @@ struct llama_oscar_window {
         std::vector<int32_t> cell_slot;   // [kv_size] slot, -1 = none
         std::set<uint32_t>   free;        // lowest first, so that the used range stays compact
         uint32_t             high = 0;    // 1 + highest used slot
+        std::vector<uint64_t> retired_at; // [n_slots] retirement time, 0 = in use (or free)
+        std::set<std::pair<uint64_t, uint32_t>> retired; // (time, slot), oldest first
+        uint64_t             clock = 0;
     };
     std::vector<stream_slots> streams;
 
@@ -69,3 +81,4 @@ struct llama_oscar_window {
 
 // the window of a cache, or null
 const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv);
+

@@ -138,6 +138,13 @@ void    llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * ds
 // llama_kv_cache::build_graph_shift: shift the window's keys with their cells
 void llama_oscar_window_build_shift(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_kv_cache & kv,
         const llama_cparams & cparams, ggml_tensor * k_rot);
+// llama_kv_cache::seq_rm: whether removing [p0, p1) of seq_id (-1: every sequence) leaves a
+// sequence that can continue exactly. A truncation that cuts a sequence's tail moves its next
+// query back to p0, whose window must still have every row in the f16 store; if one is gone
+// the removal is refused (nothing is removed) and the caller starts the sequence over.
+// Removals inside a sequence (context shift) are not judged: the shift that follows them
+// changes the positions anyway.
+bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
 // llama_kv_cache::update(): a whole-stream copy takes the window along
 void llama_oscar_window_copy_stream(llama_kv_cache & kv, uint32_t ssrc, uint32_t sdst);
 // state save/load: the window rows of the given cells (in save order), after their cache data

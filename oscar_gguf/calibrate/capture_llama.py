@@ -257,6 +257,13 @@ class LlamaCppCapture:
 
     def close(self) -> None:
         lc = self.llama_cpp
+        # free first, while our quiet callback still swallows the destructors' log lines
+        if getattr(self, "ctx", None):
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            lc.llama_model_free(self.model)
+            self.model = None
         if getattr(self, "_own_log", False):
             self._own_log = False
             # our log callback dies with this object, but libllama keeps calling whatever was set
@@ -267,12 +274,6 @@ class LlamaCppCapture:
                 lc.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
             except Exception:
                 pass
-        if getattr(self, "ctx", None):
-            lc.llama_free(self.ctx)
-            self.ctx = None
-        if getattr(self, "model", None):
-            lc.llama_model_free(self.model)
-            self.model = None
 
     def __enter__(self):
         return self
