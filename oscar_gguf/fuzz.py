@@ -266,6 +266,58 @@ def tiny_model(shape: TinyShape = TINY, rotations: bool = True, seed: int = 0) -
     return doc
 
 
+def tiny_mla_model(seed: int = 0, rotations: bool = False) -> GGUFDoc:
+    """A valid 1-layer deepseek2 GGUF with multi-head latent attention (MLA): its KV cache holds
+    one 128-wide latent row per token (kv_lora_rank 64 + RoPE 64), not per-head keys and values,
+    so oscar2 and the rotations must refuse it. The layer is dense (leading_dense_block_count 1),
+    so no expert tensors are needed."""
+    a, n_embd, n_head, n_ff = "deepseek2", 128, 2, 256
+    kv_lora, rope, nope, v_head = 64, 64, 64, 64
+    rng = np.random.default_rng(seed)
+    vocab = _vocab_kvs()
+    n_vocab = len(vocab[1].value)
+    u32 = lambda k, v: KV(f"{a}.{k}".encode(), U32, v)
+    kvs = [KV(b"general.architecture", STRING, a.encode()),
+           KV(b"general.name", STRING, b"oscar-fuzz tiny mla"),
+           u32("block_count", 1), u32("context_length", 512), u32("embedding_length", n_embd),
+           u32("feed_forward_length", n_ff), u32("attention.head_count", n_head), u32("attention.head_count_kv", 1),
+           u32("attention.key_length", kv_lora + rope), u32("attention.value_length", kv_lora),
+           u32("attention.key_length_mla", nope + rope), u32("attention.value_length_mla", v_head),
+           u32("attention.q_lora_rank", 0), u32("attention.kv_lora_rank", kv_lora),
+           u32("rope.dimension_count", rope), u32("leading_dense_block_count", 1),
+           u32("expert_feed_forward_length", 64), u32("expert_shared_count", 1),
+           KV(f"{a}.rope.freq_base".encode(), F32, 10000.0),
+           KV(f"{a}.attention.layer_norm_rms_epsilon".encode(), F32, 1e-5)] + vocab
+
+    def w(*shape):  # numpy order, i.e. ggml's ne reversed
+        return rng.standard_normal(shape).astype(np.float32) / np.sqrt(shape[-1])
+
+    b = "blk.0."
+    tensors = [_f32_tensor("token_embd.weight", w(n_vocab, n_embd)),
+               _f32_tensor("output_norm.weight", np.ones(n_embd)),
+               _f32_tensor(b + "attn_norm.weight", np.ones(n_embd)),
+               _f32_tensor(b + "attn_q.weight", w(n_head * (nope + rope), n_embd)),
+               _f32_tensor(b + "attn_kv_a_mqa.weight", w(kv_lora + rope, n_embd)),
+               _f32_tensor(b + "attn_kv_a_norm.weight", np.ones(kv_lora)),
+               _f32_tensor(b + "attn_k_b.weight", w(n_head, kv_lora, nope)),
+               _f32_tensor(b + "attn_v_b.weight", w(n_head, v_head, kv_lora)),
+               _f32_tensor(b + "attn_output.weight", w(n_embd, n_head * v_head)),
+               _f32_tensor(b + "ffn_norm.weight", np.ones(n_embd)),
+               _f32_tensor(b + "ffn_gate.weight", w(n_ff, n_embd)),
+               _f32_tensor(b + "ffn_up.weight", w(n_ff, n_embd)),
+               _f32_tensor(b + "ffn_down.weight", w(n_embd, n_ff))]
+    if rotations:  # orthogonal and of the cache's row sizes: refused for the architecture, not the values
+        tensors += [_f32_tensor(K.K_ROT.format(0), random_orthogonal(kv_lora + rope, rng)),
+                    _f32_tensor(K.V_ROT.format(0), random_orthogonal(kv_lora, rng))]
+    return GGUFDoc(kvs, tensors)
+
+
+def write_tiny_mla_model(path: str | Path, seed: int = 0, rotations: bool = False) -> Path:
+    path = Path(path)
+    path.write_bytes(serialize(tiny_mla_model(seed, rotations))[0])
+    return path
+
+
 def write_tiny_model(path: str | Path, shape: TinyShape = TINY, rotations: bool = False, seed: int = 0) -> Path:
     """Write the tiny model (used by the tests for synthetic shapes, e.g. head_dim 80)."""
     path = Path(path)

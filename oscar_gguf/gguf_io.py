@@ -142,6 +142,7 @@ class ModelInfo:
     k_rot: dict[int, np.ndarray] = field(default_factory=dict)
     v_rot: dict[int, np.ndarray] = field(default_factory=dict)
     oscar: dict[str, object] = field(default_factory=dict)
+    latent_attention: bool = False  # MLA: the cache holds a compressed latent, not per-head K/V
 
     @property
     def has_rotations(self) -> bool:
@@ -188,6 +189,7 @@ def read_model_info(path: str | Path, reader=None) -> ModelInfo:
         dk = n_embd // heads
     dv = dv if dv is not None else dk
     info = ModelInfo(path, arch, n_layer, n_head, n_head_kv, int(dk), int(dv))
+    info.latent_attention = arch in NO_ROTATION_ARCHS or _field(r, f"{arch}.attention.kv_lora_rank", None) is not None
     for t in r.tensors:
         for fmt, dst in ((K.K_ROT, info.k_rot), (K.V_ROT, info.v_rot)):
             prefix, suffix = fmt.split("{}")
@@ -302,8 +304,16 @@ class Rotations:
     provenance: dict[str, str]
 
 
+# architectures whose attention bypasses the KV-cache path that applies the rotations (the list
+# of llama_oscar_arch_takes_rotations in ggml-oscar/llama/llama-oscar.cpp, by GGUF name)
+NO_ROTATION_ARCHS = {"deepseek2", "deepseek32", "deepseek4", "glm-dsa", "minimax-m3", "t5", "t5encoder"}
+
+
 def check_rotations(rot: Rotations, info: ModelInfo) -> None:
     """Everything oscar-convert refuses, as ConvertError with a one-line message."""
+    if info.latent_attention:
+        raise ConvertError(f"architecture '{info.arch}' uses latent (MLA) or custom attention outside the KV-cache path "
+                           "that applies rotations; llama.cpp would refuse the converted file")
     if rot.arch and rot.arch != info.arch:
         raise ConvertError(f"the rotations were calibrated for architecture '{rot.arch}', the model is '{info.arch}'")
     if rot.n_layers != info.n_layer:

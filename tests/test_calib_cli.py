@@ -51,6 +51,15 @@ def test_unsupported_architecture(tmp_path, capsys):
     assert rc == 2 and one_line_error(err) and "--backend hf" in err
 
 
+def test_mla_gguf_is_refused(tmp_path, capsys):
+    from oscar_gguf.fuzz import write_tiny_mla_model
+    model = write_tiny_mla_model(tmp_path / "mla.gguf")
+    rc, _, err = run(["calibrate", str(model), "--out", str(tmp_path / "r.safetensors"), "--backend", "llama",
+                      "--tokens", "256", "--seq-len", "128", "--quiet"], capsys)
+    assert rc == 2 and one_line_error(err) and "latent (MLA)" in err
+    assert not (tmp_path / "r.safetensors").exists()
+
+
 def test_never_overwrites_inputs(tmp_path, capsys, bundled_model):
     before = bundled_model.stat().st_mtime_ns
     rc, _, err = run(["calibrate", str(bundled_model), "--out", str(bundled_model)], capsys)

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from oscar_gguf.fuzz import TinyShape, write_tiny_model
+from oscar_gguf.fuzz import TinyShape, write_tiny_mla_model, write_tiny_model
 from oscar_gguf.runtime import run_tool
 
 OSCAR = ["-ctk", "oscar2", "-ctv", "oscar2"]
@@ -22,7 +22,9 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("args")
     return {"rot": write_tiny_model(d / "rot.gguf", rotations=True),
             "hd80": write_tiny_model(d / "hd80.gguf", TinyShape(n_embd=160, head_dim=80)),
-            "hd96": write_tiny_model(d / "hd96.gguf", TinyShape(n_embd=192, head_dim=96))}
+            "hd96": write_tiny_model(d / "hd96.gguf", TinyShape(n_embd=192, head_dim=96)),
+            "mla": write_tiny_mla_model(d / "mla.gguf"),
+            "mla_rot": write_tiny_mla_model(d / "mla_rot.gguf", rotations=True)}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,31 @@ def test_unsupported_head_dim(models, text_file, which, d):
 def test_unsupported_head_dim_still_runs_with_f16(models):
     """The refusal is about oscar2, not the model: the same GGUF runs with an f16 cache."""
     r = run_tool("llama-cli", cli(models["hd80"], "-fa", "on"), timeout=120, check=False)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-1500:]
+
+
+# ---- MLA (DeepSeek-style latent attention) -----------------------------------------------------
+
+MLA_MSG = "the oscar2 KV cache is not supported for architecture deepseek2"
+
+
+def test_mla_model_is_refused(models, text_file):
+    """An MLA cache holds one latent row per token and no V tensors; oscar2 refuses it by name in
+    every tool (before the fix, configuring the cache read the missing V tensor and crashed)."""
+    refused("llama-cli", cli(models["mla"], *OSCAR, "-fa", "on"), MLA_MSG)
+    refused("llama-cli", cli(models["mla"], "-ctk", "oscar2", "-fa", "on"), MLA_MSG)
+    refused("llama-perplexity", ["-m", models["mla"], "-t", "1", "-c", "128", "-f", text_file, *OSCAR, "-fa", "on"],
+            MLA_MSG)
+    refused("llama-bench", ["-m", models["mla"], "-t", "1", "-p", "8", "-n", "1", *OSCAR, "-fa", "1"], MLA_MSG)
+
+
+def test_mla_model_with_rotations_is_refused_at_load(models):
+    refused("llama-cli", cli(models["mla_rot"], "-fa", "on"),
+            "this GGUF carries KV rotations, but architecture deepseek2 builds its attention outside")
+
+
+def test_mla_model_still_runs_with_f16(models):
+    r = run_tool("llama-cli", cli(models["mla"], "-fa", "on"), timeout=120, check=False)
     assert r.returncode == 0, (r.stdout + r.stderr)[-1500:]
 
 

@@ -205,6 +205,21 @@ def test_convert_refusals(src_copy, tmp_path):
     assert read_model_info(tmp_path / "again.gguf").oscar["oscar.calibration.method"] == "test-identity"
 
 
+def test_convert_refuses_an_mla_model(tmp_path):
+    """DeepSeek-style latent attention: llama.cpp would refuse the rotations at load, so
+    oscar-convert refuses first, even with orthogonal rotations of the cache's row sizes."""
+    from oscar_gguf.fuzz import random_orthogonal, write_tiny_mla_model
+    src = write_tiny_mla_model(tmp_path / "mla.gguf")
+    info = read_model_info(src)
+    assert info.latent_attention and info.arch == "deepseek2"
+    rng = np.random.default_rng(0)
+    rot = Rotations(k_rot={0: random_orthogonal(info.head_dim_k, rng)}, v_rot={0: random_orthogonal(info.head_dim_v, rng)},
+                    clip_k=[0.96], clip_v=[0.92], arch="deepseek2", n_layers=1, head_dim=info.head_dim_k,
+                    group_size=64, provenance={})
+    refused(src, tmp_path / "o.gguf", rot, "latent \\(MLA\\)")
+    assert not (tmp_path / "o.gguf").exists()
+
+
 def test_convert_refuses_a_truncated_file(src_copy, tmp_path):
     data = src_copy.read_bytes()
     cut = tmp_path / "cut.gguf"

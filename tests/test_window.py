@@ -205,6 +205,27 @@ def test_llama_prefix_reuse_is_exact_or_starts_over(model, tokens, capfd):
         llm.close()
 
 
+def test_k_shift_moves_the_window_keys(model, tokens):
+    """Context shift (seq_add) re-ropes the window's f16 keys with their cells. Half of a sequence
+    moves by +17; with every position in the window, attention then matches an f16 cache shifted
+    the same way (upstream's K shift), far closer than the unshifted cache does. (RoPE is
+    relative, so only a partial shift is observable.)"""
+    def attn(m, shift, **kw):
+        with Context(m, n_ctx=256, capture=[ATTN0], **kw) as c:
+            c.decode(tokens[:60])
+            if shift:
+                c.seq_add(0, 30, -1, 17)
+            c.decode(tokens[60:61], 77 if shift else 60)
+            return last_attn(c)
+    win = dict(oscar_sink=4, oscar_recent=128, **OSCAR)
+    with Model(model) as m:
+        f16 = attn(m, True)
+        shifted = attn(m, True, **win)
+        unshifted = attn(m, False, **win)
+    # measured: 3.4e-4 against 0.055
+    assert rel(shifted, f16) < rel(unshifted, f16) / 20, (rel(shifted, f16), rel(unshifted, f16))
+
+
 def test_session_save_and_restore_continue_identically(model, tokens):
     win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
     with Model(model) as m:

@@ -53,5 +53,19 @@ struct llama_oscar_kv_access {
     }
 };
 
+// whether any K or V layer of the cache is oscar2. Not kv.type_k()/type_v(): those read layer 0,
+// and an MLA cache has no V tensors at all (V is a view of the latent K).
+inline bool llama_oscar_cache_is_oscar2(const llama_kv_cache & kv) {
+    auto oscar2 = [](const ggml_tensor * t) {
+        return t && (t->type == GGML_TYPE_OSCAR2 || t->type == GGML_TYPE_OSCAR2_64);
+    };
+    for (const auto & layer : llama_oscar_kv_access::layers(kv)) {
+        if (oscar2(layer.k) || oscar2(layer.v)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // window configuration (llama-oscar-window.cpp); a no-op when the window is disabled
 void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams);

@@ -40,7 +40,7 @@ static bool is_oscar2(ggml_type t) {
 
 void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams) {
     auto & oscar = llama_oscar_kv_access::get(kv);
-    if (!oscar || !(is_oscar2(kv.type_k()) || is_oscar2(kv.type_v()))) {
+    if (!oscar || !llama_oscar_cache_is_oscar2(kv)) {
         return; // the window only makes sense next to an INT2 cache
     }
     if (llama_oscar_kv_access::swa_type(kv) != LLAMA_SWA_TYPE_NONE) {

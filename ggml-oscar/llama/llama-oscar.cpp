@@ -315,7 +315,7 @@ void llama_oscar_configure_memory(llama_memory_i * memory, const llama_model & m
     bool any_oscar2 = false;
     for (auto * kv : caches) {
         if (kv) {
-            any_oscar2 = any_oscar2 || is_oscar2(kv->type_k()) || is_oscar2(kv->type_v());
+            any_oscar2 = any_oscar2 || llama_oscar_cache_is_oscar2(*kv);
             configure_cache(*kv, model, cparams);
         }
     }

@@ -129,13 +129,19 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
 def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads=None):
     from .capture_llama import LlamaCppCapture
 
+    from ..gguf_io import NO_ROTATION_ARCHS
+    from .models import ModelError, gguf_metadata
+
     arch = gguf_architecture(ref.path)
-    ctx_train = None
+    meta = {}
     try:
-        from .models import gguf_metadata
-        ctx_train = gguf_metadata(ref.path, [f"{arch}.context_length"]).get(f"{arch}.context_length")
+        meta = gguf_metadata(ref.path, [f"{arch}.context_length", f"{arch}.attention.kv_lora_rank"])
     except Exception:
         pass
+    if arch in NO_ROTATION_ARCHS or meta.get(f"{arch}.attention.kv_lora_rank") is not None:
+        raise ModelError(f"architecture {arch!r} uses latent (MLA) or custom attention outside the KV-cache path "
+                         "that OSCAR rotates; it cannot be calibrated or run with oscar2")
+    ctx_train = meta.get(f"{arch}.context_length")
     seq_len = seq_len or default_seq_len(ctx_train)
     plan = plan_chunks(tokens, seq_len, clip == "search")
     with LlamaCppCapture(ref.path, seq_len, device=dev, n_threads=threads) as cap:
