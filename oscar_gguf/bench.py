@@ -22,24 +22,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import gguf_keys as K
-from .evaluate import EvalError, last_error_line, machine_description, stream_tool
+from .evaluate import (EvalError, last_error_line, load_model_info, machine_description, output_folder, storage_bits,
+                       stream_tool)
 from .plots import dataclass_rows_csv, rate_vs_depth, write_text_atomic
-from .quant import GROUP_SIZE, bits_per_element, type_for_head_dim
-from .synth import ModelInfo, model_info, read_gguf_metadata
+from .synth import ModelInfo, read_gguf_metadata
 
 DEFAULT_TYPES = ("f16", "q8_0", "q4_0", "oscar2")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768)
 
-_BITS = {"f16": 16.0, "bf16": 16.0, "f32": 32.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0,
-         "q5_0": 5.5, "q5_1": 6.0, "iq4_nl": 4.5}
-
-
-def kv_bits(kv_type: str, head_dim: int) -> float:
-    if kv_type in _BITS:
-        return _BITS[kv_type]
-    if kv_type.startswith("oscar2"):
-        return bits_per_element(GROUP_SIZE[type_for_head_dim(head_dim)])
-    raise EvalError(f"unknown KV type {kv_type}")
 
 
 @dataclass
@@ -139,27 +129,17 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
     oscar_args go to the oscar2 runs only (e.g. --oscar-sink 0 --oscar-recent 0). A type
     that llama-bench cannot run becomes a note. With bandwidth_gbs the roofline is added.
     """
-    model = Path(model)
-    if not model.is_file():
-        raise EvalError(f"model {model} not found")
-    try:
-        info = model_info(model)
-    except ValueError as e:
-        raise EvalError(str(e)) from None
+    model, info = load_model_info(model)
     if not kv_types:
         raise EvalError("no KV types given")
     for t in kv_types:
-        kv_bits(t, info.head_dim_k)  # unknown types fail here, before any run
+        storage_bits(t, info)  # unknown types fail here, before any run
     depths = sorted({int(d) for d in depths})
     if any(d < 0 for d in depths):
         raise EvalError("depths must be >= 0")
     if n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
         raise EvalError("need -p or -n above 0")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise EvalError(f"output folder {out_dir} is a file")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "logs").mkdir(exist_ok=True)
+    out_dir = output_folder(out_dir)
     say = log or (lambda m: print(m, file=sys.stderr))
     if depths[-1] + n_prompt + n_gen > info.n_ctx_train:
         say(f"note: depth {depths[-1]} goes past the model's trained context ({info.n_ctx_train})")
@@ -295,9 +275,9 @@ def kv_bytes_at_depth(info: ModelInfo, kv_type: str, depth: int, window: int = 0
     For oscar2 the window tokens are read from the f16 store instead of INT2."""
     if kv_type.startswith("oscar2") and window:
         w = min(depth, window)
-        return (info.kv_bytes_per_token(kv_bits(kv_type, info.head_dim_k)) * (depth - w)
+        return (info.kv_bytes_per_token(storage_bits(kv_type, info)) * (depth - w)
                 + info.kv_bytes_per_token(16.0) * w)
-    return info.kv_bytes_per_token(kv_bits(kv_type, info.head_dim_k)) * depth
+    return info.kv_bytes_per_token(storage_bits(kv_type, info)) * depth
 
 
 def roofline(info: ModelInfo, kv_types: Sequence[str], depths: Sequence[int], bandwidth_gbs: float,

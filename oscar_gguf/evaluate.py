@@ -106,6 +106,26 @@ _FIXED_BITS = {"f16": 16.0, "bf16": 16.0, "f32": 32.0, "q8_0": 8.5, "q4_0": 4.5,
                "q5_0": 5.5, "q5_1": 6.0, "iq4_nl": 4.5}
 
 
+def load_model_info(model: str | Path) -> tuple[Path, ModelInfo]:
+    """The model's path and what the measuring tools need of its GGUF, or an EvalError."""
+    model = Path(model)
+    if not model.is_file():
+        raise EvalError(f"model {model} not found")
+    try:
+        return model, model_info(model)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+
+
+def output_folder(out_dir: str | Path) -> Path:
+    """Create the output folder and its logs/ (refusing a file in the way)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EvalError(f"output folder {out_dir} is a file")
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
 def storage_bits(cache_type: str, info: ModelInfo) -> float:
     """Bits per element of a KV type as llama.cpp stores it for this model."""
     if cache_type in _FIXED_BITS:
@@ -563,13 +583,7 @@ def run_eval(model: str | Path, text: str | Path | None = None, ctx: int = 2048,
     skipped with a note on a GGUF without them; a setting whose run fails (for example
     because the patched tools lack a flag) becomes a row with a note, not an exception.
     """
-    model = Path(model)
-    if not model.is_file():
-        raise EvalError(f"model {model} not found")
-    try:
-        info = model_info(model)
-    except ValueError as e:
-        raise EvalError(str(e)) from None
+    model, info = load_model_info(model)
     text_path = Path(text) if text else EVAL_TEXT
     if not text_path.is_file():
         raise EvalError(f"evaluation text {text_path} not found")
@@ -581,13 +595,9 @@ def run_eval(model: str | Path, text: str | Path | None = None, ctx: int = 2048,
     if chunks is not None and chunks < 1:
         raise EvalError(f"--chunks must be at least 1, got {chunks}")
     chosen = resolve_settings(settings)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise EvalError(f"output folder {out_dir} is a file")
     say = log or (lambda m: print(m, file=sys.stderr))
     tool_path("llama-perplexity")  # a missing tool is a clear error before any work
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "logs").mkdir(exist_ok=True)
+    out_dir = output_folder(out_dir)
 
     calib_note = None
     provenance = read_gguf_metadata(model).get(K.KEY_CALIB_PREFIX + "corpus")

@@ -20,11 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .evaluate import (VERBOSE_LOG, EvalError, KVSetting, kv_total_mib, last_error_line, machine_description,
-                       resolve_settings)
+from .evaluate import (VERBOSE_LOG, EvalError, KVSetting, kv_total_mib, last_error_line, load_model_info,
+                       machine_description, output_folder, resolve_settings)
 from .plots import accuracy_heatmaps, write_text_atomic
 from .runtime import LlamaServer
-from .synth import model_info
 
 PASSKEY_SETTINGS = ("f16", "q4_0", "int2-hadamard", "oscar")
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
@@ -160,13 +159,7 @@ def run_passkey(model: str | Path, lengths: Sequence[int] | None = None,
                 log: Callable[[str], None] | None = None) -> PasskeyResult:
     """Passkey accuracy per setting, context length and depth; writes passkey.csv, .json,
     .txt and passkey.png into out_dir. Lengths default to halvings of n_ctx_train."""
-    model = Path(model)
-    if not model.is_file():
-        raise EvalError(f"model {model} not found")
-    try:
-        info = model_info(model)
-    except ValueError as e:
-        raise EvalError(str(e)) from None
+    model, info = load_model_info(model)
     lengths = sorted(set(lengths or default_lengths(info.n_ctx_train)))
     if lengths[0] < 64:
         raise EvalError(f"passkey lengths must be at least 64 tokens, got {lengths[0]}")
@@ -178,11 +171,7 @@ def run_passkey(model: str | Path, lengths: Sequence[int] | None = None,
     if trials < 1:
         raise EvalError("--trials must be at least 1")
     chosen = resolve_settings(settings)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise EvalError(f"output folder {out_dir} is a file")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "logs").mkdir(exist_ok=True)
+    out_dir = output_folder(out_dir)
     say = log or (lambda m: print(m, file=sys.stderr))
 
     # the same keys for every setting, so results pair up trial by trial

@@ -13,8 +13,6 @@ rows over the network; without the window it runs on the servers.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import socket
@@ -25,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gguf_fixtures import with_rotations
+from hardening_figures import record
 from oscar_gguf.paths import MissingComponentError, tool_path
 from oscar_gguf.runtime import LlamaServer, free_port, run_tool
 
@@ -35,16 +34,6 @@ CONFIGS = {
     "oscar2": ["-fa", "on", "-ctk", "oscar2", "-ctv", "oscar2", "--oscar-sink", "0", "--oscar-recent", "0"],
     "oscar2+window": ["-fa", "on", "-ctk", "oscar2", "-ctv", "oscar2", "--oscar-sink", "16", "--oscar-recent", "64"],
 }
-
-
-def record(section: str, values: dict) -> None:
-    print(f"\n[hardening] {section}: {json.dumps(values)}")
-    out = os.environ.get("OSCAR_HARDENING_OUT")
-    if out:
-        p = Path(out)
-        data = json.loads(p.read_text()) if p.exists() else {}
-        data[section] = values
-        p.write_text(json.dumps(data, indent=1))
 
 
 def rpc_server_binary() -> Path:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from gguf_fixtures import with_rotations
+from hardening_figures import record
 from oscar_gguf.runtime import LlamaServer
 
 THREADS = "1"  # one thread: robust when the 2 cores are shared (ggml threads spin at barriers)
@@ -47,16 +48,6 @@ PROMPTS = [
     _PARA * 6 + "At dawn,", _PARA * 5 + "The ship", "Recipe for bread:", _PARA * 3,
     "Q: What is the largest planet?\nA:", _PARA * 4 + "Suddenly",
 ]
-
-
-def record(section: str, values: dict) -> None:
-    print(f"\n[hardening] {section}: {json.dumps(values)}")
-    out = os.environ.get("OSCAR_HARDENING_OUT")
-    if out:
-        p = Path(out)
-        data = json.loads(p.read_text()) if p.exists() else {}
-        data[section] = values
-        p.write_text(json.dumps(data, indent=1))
 
 
 def rss_mib(pid: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,50 @@ def load_fp32(path: Path, device: str):
     return model.to(device).eval(), tok
 
 
+def research_parser(prog: str, eval_tokens: int) -> argparse.ArgumentParser:
+    """The arguments this study and study.py share."""
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--eval-text", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--calib-tokens", type=int, default=32768)
+    ap.add_argument("--calib-seq", type=int, default=2048)
+    ap.add_argument("--clip-chunks", type=int, default=4)
+    ap.add_argument("--eval-tokens", type=int, default=eval_tokens)
+    ap.add_argument("--eval-seq", type=int, default=1024)
+    return ap
+
+
+@dataclass
+class Research:
+    """What both studies start from: the fp32 model, its head size and oscar2 group, and the
+    calibration chunks (statistics, held out for clips) of the bundled corpus."""
+    out: Path
+    dev: str
+    model: object
+    encode: object
+    prefix: list
+    n_layers: int
+    d: int
+    group: int
+    stat: np.ndarray
+    held: np.ndarray
+
+
+def research_setup(args) -> Research:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_fp32(Path(args.model), args.device)
+    encode, prefix = hf_encode(tok), hf_bos_prefix(tok)
+    d = model.config.head_dim
+    # calibration text only: the evaluation text is read later, for the final KL alone
+    plan = ChunkPlan(args.calib_seq, args.calib_tokens // args.calib_seq, args.clip_chunks)
+    stat, held = make_chunks(None, encode, prefix, plan)
+    return Research(out, args.device, model, encode, prefix, model.config.num_hidden_layers, d,
+                    GROUP_SIZE[type_for_head_dim(d)], stat, held)
+
+
 def run_passes(model, cal: Calibrator, stat, held, dev):
     base = decoder(model)
     while cal.pass_name:
@@ -67,16 +112,7 @@ def clip_search(model, rotations, cq, group, held, window, dev) -> ClipSearch:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m oscar_gguf.calibrate.experiments")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--eval-text", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--calib-tokens", type=int, default=32768)
-    ap.add_argument("--calib-seq", type=int, default=2048)
-    ap.add_argument("--clip-chunks", type=int, default=4)
-    ap.add_argument("--eval-tokens", type=int, default=32768)
-    ap.add_argument("--eval-seq", type=int, default=1024)
+    ap = research_parser("python -m oscar_gguf.calibrate.experiments", eval_tokens=32768)
     ap.add_argument("--set", default="main,explore",
                     help="config sets: main, explore; or 'default' alone: calibrate with the package's default "
                          "recipe (calibrate_hf_model) and run `oscar simulate`'s comparison on it")
@@ -85,18 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds for the evaluation loop")
     args = ap.parse_args(argv)
     t0 = time.time()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = args.device
-    model, tok = load_fp32(Path(args.model), dev)
-    encode, prefix = hf_encode(tok), hf_bos_prefix(tok)
-    n_layers = model.config.num_hidden_layers
-    d = model.config.head_dim
-    group = GROUP_SIZE[type_for_head_dim(d)]
-
-    # -- calibration text only ----------------------------------------------------------
-    plan = ChunkPlan(args.calib_seq, args.calib_tokens // args.calib_seq, args.clip_chunks)
-    stat, held = make_chunks(None, encode, prefix, plan)
+    setup = research_setup(args)
+    out, dev, model, encode, prefix = setup.out, setup.dev, setup.model, setup.encode, setup.prefix
+    n_layers, d, group, stat, held = setup.n_layers, setup.d, setup.group, setup.stat, setup.held
     if args.set == "default":
         return verify_default(args, model, encode, prefix, group, out, t0)
     cal = Calibrator(model, clip="search", window=WINDOW, rotation="oscar",

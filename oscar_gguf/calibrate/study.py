@@ -16,22 +16,18 @@ held-out text used only for the final KL:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..quant import GROUP_SIZE, type_for_head_dim
 from .calibrator import Calibrator, ModelInfo
 from .capture_hf import attention_tap, decoder
 from .clip import ClipSearch
 from .corpus import ChunkPlan, make_chunks
-from .experiments import WINDOW, NO_WINDOW, clip_search, load_fp32, run_passes
+from .experiments import WINDOW, NO_WINDOW, clip_search, research_parser, research_setup, run_passes
 from .fit import hadamard, oscar_rotation
-from .models import hf_bos_prefix, hf_encode
 from .simulate import KVConfig, run_simulation
 from .variants import (dc_rotation, fake_quantize_refit, hadamard_llama_order, learn_rotation,
                        random_sign_hadamard, whitening_k_transform)
@@ -58,31 +54,16 @@ def capture_samples(model, chunks, dev, skip: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m oscar_gguf.calibrate.study")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--eval-text", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--calib-tokens", type=int, default=32768)
-    ap.add_argument("--calib-seq", type=int, default=2048)
-    ap.add_argument("--clip-chunks", type=int, default=4)
+    ap = research_parser("python -m oscar_gguf.calibrate.study", eval_tokens=65536)
     ap.add_argument("--sample-chunks", type=int, default=2)
     ap.add_argument("--learn-steps", type=int, default=200)
-    ap.add_argument("--eval-tokens", type=int, default=65536)
-    ap.add_argument("--eval-seq", type=int, default=1024)
     ap.add_argument("--budget", type=float, default=None)
     ap.add_argument("--artifact", action="append", default=[], metavar="NAME=PATH")
     args = ap.parse_args(argv)
     t0 = time.time()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev = args.device
-    model, tok = load_fp32(Path(args.model), dev)
-    encode, prefix = hf_encode(tok), hf_bos_prefix(tok)
-    n_layers, d = model.config.num_hidden_layers, model.config.head_dim
-    group = GROUP_SIZE[type_for_head_dim(d)]
-    plan = ChunkPlan(args.calib_seq, args.calib_tokens // args.calib_seq, args.clip_chunks)
-    stat, held = make_chunks(None, encode, prefix, plan)
+    setup = research_setup(args)
+    out, dev, model, encode, prefix = setup.out, setup.dev, setup.model, setup.encode, setup.prefix
+    n_layers, d, group, stat, held = setup.n_layers, setup.d, setup.group, setup.stat, setup.held
     cal = Calibrator(model, clip="fixed", window=WINDOW, info=ModelInfo("llama", n_layers, "hf"))
     run_passes(model, cal, stat, held, dev)
     st = cal.state
