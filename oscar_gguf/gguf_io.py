@@ -189,7 +189,7 @@ def read_model_info(path: str | Path, reader=None) -> ModelInfo:
         dk = n_embd // heads
     dv = dv if dv is not None else dk
     info = ModelInfo(path, arch, n_layer, n_head, n_head_kv, int(dk), int(dv))
-    info.latent_attention = arch in NO_ROTATION_ARCHS or _field(r, f"{arch}.attention.kv_lora_rank", None) is not None
+    info.latent_attention = takes_no_rotations(arch, _field(r, f"{arch}.attention.kv_lora_rank", None))
     for t in r.tensors:
         for fmt, dst in ((K.K_ROT, info.k_rot), (K.V_ROT, info.v_rot)):
             prefix, suffix = fmt.split("{}")
@@ -307,6 +307,11 @@ class Rotations:
 # architectures whose attention bypasses the KV-cache path that applies the rotations (the list
 # of llama_oscar_arch_takes_rotations in ggml-oscar/llama/llama-oscar.cpp, by GGUF name)
 NO_ROTATION_ARCHS = {"deepseek2", "deepseek32", "deepseek4", "glm-dsa", "minimax-m3", "t5", "t5encoder"}
+
+
+def takes_no_rotations(arch: str, kv_lora_rank) -> bool:
+    """An architecture on the list, or any model with a latent (MLA) KV cache."""
+    return arch in NO_ROTATION_ARCHS or kv_lora_rank is not None
 
 
 def check_rotations(rot: Rotations, info: ModelInfo) -> None:

@@ -129,7 +129,7 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
 def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads=None):
     from .capture_llama import LlamaCppCapture
 
-    from ..gguf_io import NO_ROTATION_ARCHS
+    from ..gguf_io import takes_no_rotations
     from .models import ModelError, gguf_metadata
 
     arch = gguf_architecture(ref.path)
@@ -138,7 +138,7 @@ def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sh
         meta = gguf_metadata(ref.path, [f"{arch}.context_length", f"{arch}.attention.kv_lora_rank"])
     except Exception:
         pass
-    if arch in NO_ROTATION_ARCHS or meta.get(f"{arch}.attention.kv_lora_rank") is not None:
+    if takes_no_rotations(arch, meta.get(f"{arch}.attention.kv_lora_rank")):
         raise ModelError(f"architecture {arch!r} uses latent (MLA) or custom attention outside the KV-cache path "
                          "that OSCAR rotates; it cannot be calibrated or run with oscar2")
     ctx_train = meta.get(f"{arch}.context_length")
