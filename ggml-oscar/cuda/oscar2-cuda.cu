@@ -14,10 +14,6 @@
 #include <cfloat>
 #include <cstring>
 
-static bool is_oscar2(ggml_type t) {
-    return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
-}
-
 static constexpr __host__ __device__ int group_of(ggml_type t) {
     return t == GGML_TYPE_OSCAR2 ? QK_OSCAR2 : QK_OSCAR2_64;
 }
@@ -430,7 +426,8 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
                 if (p.softcap != 0.0f) {
                     x = p.softcap*tanhf(x);
                 }
-                s[u] = x + mv[u][j];
+                // a masked row may hold anything (free or retired window rows): -inf whatever x is
+                s[u] = mv[u][j] == -INFINITY ? -INFINITY : x + mv[u][j];
                 smax = fmaxf(smax, s[u]);
             }
             if (smax == -INFINITY) {
@@ -445,7 +442,10 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const float e = expf(s[u] - Mn); // 0 for a masked row
+                if (s[u] == -INFINITY) {
+                    continue; // keeps the bytes of masked rows out of the sums (0 * inf = NaN)
+                }
+                const float e = expf(s[u] - Mn);
                 L[j] += e;
 #pragma unroll
                 for (int i = 0; i < EPL; ++i) {
@@ -512,8 +512,13 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
 
 #define OSCAR_INT2_UNROLL 2
 
+// a byte (0..255) of `w` as a float, exactly: the byte goes into the mantissa of 2^23
+static __device__ __forceinline__ float byte_as_float(uint32_t w, int j) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + j)) - 8388608.0f;
+}
+
 template <int D, ggml_type T, int NQ>
-__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 2)
+__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 3) // 3 blocks per SM: fa_vec sizes its splits by it
 static __global__ void k_fa_int2(const fa_source src, const fa_params p, const int rows_per_split) {
     constexpr int G   = group_of(T);
     constexpr int CB  = G/4;               // code bytes per group
@@ -536,27 +541,43 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
     const int r1   = min(src.n_rows, r0 + rows_per_split);
 
     // this lane's word: group blk, code bytes bb0..bb0+3 of it; value (j, s) is element
-    // blk*G + bb0 + j + s*CB and sits at bits 8j + 2s of the word
+    // blk*G + bb0 + j + s*CB and sits at bits 8j + 2s of the word, so (word >> 2s) & 0x03030303
+    // holds the codes of the values (0..3, s) as four bytes
     const int blk = (4*l) / CB;
     const int bb0 = (4*l) % CB;
     const int off_hdr  = blk*BY;
     const int off_word = blk*BY + 4 + bb0;
 
-    float q[NQ][16], qs[NQ];
+    // the query as int16 with one scale per lane and query, packed in pairs like the codes: K.q
+    // of a lane is then eight dp2a (int16 x int8) on integers, exact, instead of 16 float FMAs and
+    // 16 code conversions. The rounding of q to 1/32767 of its largest value costs ~3e-5 of the
+    // output (measured against float64 on the test cases); int8 (llama.cpp's q8_1) cost ~1e-2.
+    // qs keeps the exact float sum for the min term.
+    int qlo[NQ][4], qhi[NQ][4]; // (q(0,s), q(1,s)) and (q(2,s), q(3,s)) as int16 pairs
+    float qd[NQ], qs[NQ];
 #pragma unroll
     for (int j = 0; j < NQ; ++j) {
         const int tok  = tok0 + j / p.gqa;
         const int head = hkv*p.gqa + j % p.gqa;
-        const float * qp = (const float *) (p.Q + tok*p.nbq1 + head*p.nbq2 + s3*p.nbq3);
+        const float * qptr = (const float *) (p.Q + tok*p.nbq1 + head*p.nbq2 + s3*p.nbq3);
+        float x[16], amax = 0.0f;
         qs[j] = 0.0f;
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
-                const float x = j < nq ? qp[blk*G + bb0 + jj + s*CB]*p.scale : 0.0f;
-                q[j][4*jj + s] = x;
-                qs[j] += x;
+                x[4*jj + s] = j < nq ? qptr[blk*G + bb0 + jj + s*CB]*p.scale : 0.0f;
+                qs[j] += x[4*jj + s];
+                amax = fmaxf(amax, fabsf(x[4*jj + s]));
             }
+        }
+        qd[j] = amax/32767.0f;
+        const float inv = amax > 0.0f ? 32767.0f/amax : 0.0f;
+        auto i16 = [&](int i) { return (uint32_t) (__float2int_rn(x[i]*inv) & 0xffff); };
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            qlo[j][s] = (int) (i16(0*4 + s) | i16(1*4 + s) << 16);
+            qhi[j][s] = (int) (i16(2*4 + s) | i16(3*4 + s) << 16);
         }
     }
 
@@ -617,25 +638,45 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const float2 dm = __half22float2(cur.kdm[u]);
+            int kc[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                kc[s] = (int) ((cur.kw[u] >> (2*s)) & 0x03030303u);
+            }
 #pragma unroll
             for (int j = 0; j < NQ; ++j) {
-                float x = 0.0f;
+                int isum = 0;
 #pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    x += q[j][i]*(float) ((cur.kw[u] >> (2*i)) & 3); // i = 4*jj + s: bits 8jj + 2s
+                for (int s = 0; s < 4; ++s) {
+                    isum = __dp2a_lo(qlo[j][s], kc[s], isum); // codes (0, s), (1, s)
+                    isum = __dp2a_hi(qhi[j][s], kc[s], isum); // codes (2, s), (3, s)
                 }
-                x = dm.x*x + dm.y*qs[j];
+                float x = dm.x*(qd[j]*(float) isum) + dm.y*qs[j];
+                // a butterfly: every lane of the team ends with the same sum, bit for bit, since
+                // each step adds the same two values on both lanes (a + b == b + a)
 #pragma unroll
                 for (int off = L/2; off > 0; off >>= 1) {
                     x += __shfl_xor_sync(0xffffffff, x, off, WARP_SIZE);
                 }
-                x = __shfl_sync(0xffffffff, x, team*L); // one value for the whole team
                 if (p.softcap != 0.0f) {
                     x = p.softcap*tanhf(x);
                 }
                 const float mk = __half2float(cur.mk[u][j]);
                 // a masked row may hold anything (unused cells): its score is -inf whatever x is
                 sc[u][j] = mk == -INFINITY ? -INFINITY : mk + x;
+            }
+        }
+        // the V codes of the tile as floats, shared by all queries
+        float cv[U][16];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const uint32_t b = (cur.vw[u] >> (2*s)) & 0x03030303u;
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                    cv[u][4*jj + s] = byte_as_float(b, jj);
+                }
             }
         }
 #pragma unroll
@@ -645,37 +686,35 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
             for (int u = 0; u < U; ++u) {
                 smax = fmaxf(smax, sc[u][j]);
             }
-            if (smax == -INFINITY) {
-                continue;
-            }
-            const float Mn = fmaxf(M[j], smax);
-            const float cf = expf(M[j] - Mn);
-            S[j]  *= cf;
-            am[j] *= cf;
+            if (smax > M[j]) {
+                // rescale only when the maximum grows: after the first rows that is rare
+                const float cf = expf(M[j] - smax);
+                S[j]  *= cf;
+                am[j] *= cf;
 #pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                acc[j][i] *= cf;
+                for (int i = 0; i < 16; ++i) {
+                    acc[j][i] *= cf;
+                }
+                M[j] = smax;
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (sc[u][j] == -INFINITY) {
                     continue; // keeps the bytes of masked rows out of the sums
                 }
-                const float e = expf(sc[u][j] - Mn);
+                const float e = expf(sc[u][j] - M[j]);
                 const float2 dm = __half22float2(cur.vdm[u]);
                 const float pd = e*dm.x;
                 S[j]  += e;
                 am[j] += e*dm.y;
 #pragma unroll
                 for (int i = 0; i < 16; ++i) {
-                    acc[j][i] += pd*(float) ((cur.vw[u] >> (2*i)) & 3);
+                    acc[j][i] += pd*cv[u][i];
                 }
             }
-            M[j] = Mn;
         }
         cur = nxt;
     }
-
     // merge the RPW teams of every warp, then the warps: one (M, S, acc) per query for the block
     constexpr int NP = OSCAR_FA_WARPS*RPW;
     __shared__ float sh_ml[NP][NQ][2];
@@ -722,6 +761,7 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
         }
     }
 }
+
 
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
 template <int D>
@@ -859,19 +899,25 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int tokens_per_block = std::max(1, nqb/gqa);
     const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
 
-    // splits: enough blocks to fill the GPU, rows in multiples of the warps
+    // splits. The INT2 kernel runs 3 blocks per SM (its launch bounds) and each block walks its
+    // rows in a dependent chain, so the cache gets exactly one full wave of blocks: a second,
+    // partly empty wave costs as much as the first (ncu at 32k rows: 1.33 waves, 85 us). The other
+    // kernels keep about 4 blocks per SM, in splits of at least 128 rows. (Window splits of 32
+    // rows changed greedy tokens against the CPU on the cut SmolLM2 while 128 matched; not
+    // understood yet, so the window keeps 128.)
     const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
     const int base = p.n_head_kv*p.ne3*n_groups;
-    auto split = [&](int n_rows, int & n_split, int & rps) {
-        n_split = std::max(1, std::min((4*n_sm + base - 1)/base, (n_rows + 127)/128));
+    auto split = [&](int n_rows, int min_rows, int slots, int & n_split, int & rps) {
+        n_split = std::max(1, std::min(std::max(1, slots/base), (n_rows + min_rows - 1)/min_rows));
         rps = (n_rows + n_split - 1)/n_split;
         rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
+    const bool int2 = K->type == V->type && oscar2_is_type(K->type) && nqb <= 4; // k_fa_int2 (launch_partial_nq)
     int ns_main, rps_main, ns_win = 0, rps_win = 0;
-    split((int) K->ne[1], ns_main, rps_main);
+    split((int) K->ne[1], 128, int2 ? 3*n_sm : 4*n_sm + base - 1, ns_main, rps_main);
     if (Kw) {
-        split((int) Kw->ne[1], ns_win, rps_win);
+        split((int) Kw->ne[1], 128, 4*n_sm + base - 1, ns_win, rps_win);
     }
     p.n_part = ns_main + ns_win;
 
@@ -1021,7 +1067,7 @@ static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor *
 
 static bool fa_is_ours(const ggml_tensor * op) {
     return op->op == GGML_OP_FLASH_ATTN_EXT &&
-        (is_oscar2(op->src[1]->type) || is_oscar2(op->src[2]->type) || op->src[5] != nullptr);
+        (oscar2_is_type(op->src[1]->type) || oscar2_is_type(op->src[2]->type) || op->src[5] != nullptr);
 }
 
 static bool f16_path_supported(int device, const ggml_tensor * op) {
@@ -1058,7 +1104,7 @@ static float op_clip(const ggml_tensor * t) {
 bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (dst->op) {
         case GGML_OP_SET_ROWS:
-            if (!is_oscar2(dst->type)) {
+            if (!oscar2_is_type(dst->type)) {
                 return false;
             }
             oscar2_quantize(dst->src[0], dst->src[1], dst, op_clip(dst), ctx.stream());
@@ -1066,18 +1112,18 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
         case GGML_OP_CPY: {
             const ggml_tensor * src = dst->src[0];
             ggml_tensor * to = dst->src[1];
-            if (is_oscar2(to->type)) {
+            if (oscar2_is_type(to->type)) {
                 oscar2_quantize(src, nullptr, to, op_clip(dst), ctx.stream());
                 return true;
             }
-            if (is_oscar2(src->type)) {
+            if (oscar2_is_type(src->type)) {
                 oscar2_dequantize(src, nullptr, to, ctx.stream());
                 return true;
             }
             return false;
         }
         case GGML_OP_GET_ROWS:
-            if (!is_oscar2(dst->src[0]->type)) {
+            if (!oscar2_is_type(dst->src[0]->type)) {
                 return false;
             }
             oscar2_dequantize(dst->src[0], dst->src[1], dst, ctx.stream());
@@ -1100,7 +1146,7 @@ static bool rows_contiguous(const ggml_tensor * t) {
 int ggml_cuda_oscar2_supports_op(int device, const ggml_tensor * op) {
     switch (op->op) {
         case GGML_OP_SET_ROWS:
-            if (!is_oscar2(op->type)) {
+            if (!oscar2_is_type(op->type)) {
                 return -1;
             }
             return (op->src[0]->type == GGML_TYPE_F32 || op->src[0]->type == GGML_TYPE_F16) &&
@@ -1108,10 +1154,10 @@ int ggml_cuda_oscar2_supports_op(int device, const ggml_tensor * op) {
                    op->src[0]->ne[0] % group_of(op->type) == 0 && rows_contiguous(op->src[0]);
         case GGML_OP_CPY: {
             const ggml_tensor * a = op->src[0], * b = op->src[1];
-            if (!is_oscar2(a->type) && !is_oscar2(b->type)) {
+            if (!oscar2_is_type(a->type) && !oscar2_is_type(b->type)) {
                 return -1;
             }
-            if (is_oscar2(b->type)) {
+            if (oscar2_is_type(b->type)) {
                 return (a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16) && ggml_are_same_shape(a, b) &&
                        a->ne[0] % group_of(b->type) == 0 && rows_contiguous(a) && rows_contiguous(b);
             }
@@ -1119,7 +1165,7 @@ int ggml_cuda_oscar2_supports_op(int device, const ggml_tensor * op) {
                    rows_contiguous(a) && rows_contiguous(b);
         }
         case GGML_OP_GET_ROWS:
-            if (!is_oscar2(op->src[0]->type)) {
+            if (!oscar2_is_type(op->src[0]->type)) {
                 return -1;
             }
             return op->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_I32 && op->src[0]->ne[2] == op->src[1]->ne[1];

@@ -7,6 +7,7 @@
 
 #include "llama-oscar.h"
 #include "llama-kv-cache.h"
+#include "../oscar2.h"
 
 #include <memory>
 #include <vector>
@@ -56,9 +57,7 @@ struct llama_oscar_kv_access {
 // whether any K or V layer of the cache is oscar2. Not kv.type_k()/type_v(): those read layer 0,
 // and an MLA cache has no V tensors at all (V is a view of the latent K).
 inline bool llama_oscar_cache_is_oscar2(const llama_kv_cache & kv) {
-    auto oscar2 = [](const ggml_tensor * t) {
-        return t && (t->type == GGML_TYPE_OSCAR2 || t->type == GGML_TYPE_OSCAR2_64);
-    };
+    auto oscar2 = [](const ggml_tensor * t) { return t && oscar2_is_type(t->type); };
     for (const auto & layer : llama_oscar_kv_access::layers(kv)) {
         if (oscar2(layer.k) || oscar2(layer.v)) {
             return true;

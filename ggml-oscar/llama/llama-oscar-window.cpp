@@ -32,10 +32,6 @@ static llama_oscar_window * window_mut(const llama_kv_cache & kv) {
     return o ? o->window.get() : nullptr;
 }
 
-static bool is_oscar2(ggml_type t) {
-    return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
-}
-
 // ---- configuration --------------------------------------------------------------------------
 
 void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams) {
@@ -313,20 +309,33 @@ bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq
     }
     const auto & v_cells = llama_oscar_kv_access::cells(kv);
     const uint32_t n_seq = kv.get_n_seq_max();
+    std::vector<llama_seq_id> truncated; // sequences of this stream whose tail goes
     for (uint32_t strm = 0; strm < v_cells.size(); ++strm) {
         const auto & cells = v_cells[strm];
         const auto & st    = w->streams[strm];
+        truncated.clear();
         for (llama_seq_id s = 0; s < (llama_seq_id) n_seq; ++s) {
-            if ((seq_id >= 0 && s != seq_id) || cells.seq_pos_max(s) < p0) {
-                continue; // not this sequence, or nothing of it is removed
+            const llama_pos pmax = cells.seq_pos_max(s);
+            // skipped: not this sequence, nothing of it removed, or a cut inside it (not a truncation)
+            if ((seq_id < 0 || s == seq_id) && pmax >= p0 && !(p1 >= 0 && p1 <= pmax)) {
+                truncated.push_back(s);
             }
-            if (p1 >= 0 && p1 <= cells.seq_pos_max(s)) {
-                continue; // a cut inside the sequence, not a truncation
+        }
+        if (truncated.empty()) {
+            continue;
+        }
+        // one pass over the cells: the next query of a truncated sequence is p0, and every kept
+        // position in its window needs its f16 row
+        for (uint32_t c = 0; c < cells.size(); ++c) {
+            if (cells.is_empty(c) || st.cell_slot[c] >= 0) {
+                continue;
             }
-            // the next query is p0: every kept position in its window needs its f16 row
-            for (uint32_t c = 0; c < cells.size(); ++c) {
-                if (!cells.is_empty(c) && cells.seq_has(c, s) && cells.pos_get(c) < p0 &&
-                        in_window(*w, cells.pos_get(c), p0) && st.cell_slot[c] < 0) {
+            const llama_pos pos = cells.pos_get(c);
+            if (pos >= p0 || !in_window(*w, pos, p0)) {
+                continue;
+            }
+            for (llama_seq_id s : truncated) {
+                if (cells.seq_has(c, s)) {
                     return false;
                 }
             }
@@ -444,37 +453,65 @@ void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w
 
 // ---- mask ---------------------------------------------------------------------------------------
 
+// The mask of the cache was built by llama.cpp into the first n_tokens*n_kv elements of dst; it
+// is widened here, in place, to rows of W = n_kv + n_hp columns: a cache column whose position
+// is read from the window is dropped, and a window column takes the cache column of its cell.
+// Only cells that own a window row can change, so they are listed once per stream and each
+// row is a copy plus a few hundred patches (per element work made a 512-token prefill at 32k
+// cells ~50 ms slower).
 template <typename T>
 static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
-        const T * main, int64_t n_kv, ggml_tensor * dst) {
+        int64_t n_kv, ggml_tensor * dst) {
     const auto & v_cells       = llama_oscar_kv_access::cells(kv);
     const auto & seq_to_stream = llama_oscar_kv_access::seq_to_stream(kv);
-    const int64_t W        = dst->ne[0];
-    const int64_t n_hp     = W - n_kv;
-    const int64_t n_stream = dst->ne[3];
-    const int64_t n_tps    = ubatch->n_tokens/n_stream;
-    T * out = (T *) dst->data;
+    const int64_t W    = dst->ne[0];
+    const int64_t n_hp = W - n_kv;
+    T * data = (T *) dst->data;
     const T drop = llama_cast<T>(-INFINITY);
 
-    for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
-        const llama_seq_id seq = ubatch->seq_id[i][0];
-        const llama_pos    q   = ubatch->pos[i];
-        const uint32_t strm    = seq_to_stream[seq];
-        const auto & cells     = v_cells[strm];
-        const auto & st        = w.streams[strm];
-        GGML_UNUSED(n_tps);
-        const T * src = main + i*n_kv;
-        T * row = out + i*W;
-
-        for (int64_t j = 0; j < n_kv; ++j) {
-            const bool hp = j < (int64_t) cells.size() && st.cell_slot[j] >= 0 && !cells.is_empty(j) &&
-                            in_window(w, cells.pos_get(j), q);
-            row[j] = hp ? drop : src[j];
+    struct col  { int64_t j; llama_pos pos; };          // a cache column that has a window row
+    struct wcol { int64_t k; int64_t c; llama_pos pos; }; // a window column and its cell
+    struct lists { bool built = false; std::vector<col> cache; std::vector<wcol> window; };
+    std::vector<lists> per_stream(v_cells.size());
+    auto lists_of = [&](uint32_t strm) -> const lists & {
+        lists & l = per_stream[strm];
+        if (!l.built) {
+            const auto & cells = v_cells[strm];
+            const auto & st    = w.streams[strm];
+            const int64_t n_c = std::min<int64_t>(n_kv, cells.size());
+            for (int64_t j = 0; j < n_c; ++j) {
+                if (st.cell_slot[j] >= 0 && !cells.is_empty(j)) {
+                    l.cache.push_back({ j, cells.pos_get(j) });
+                }
+            }
+            const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots);
+            for (int64_t k = 0; k < n_k; ++k) { // padding rows (k >= n_slots) are never visible
+                const int32_t c = st.slot_cell[k];
+                if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
+                    l.window.push_back({ k, c, cells.pos_get(c) });
+                }
+            }
+            l.built = true;
         }
-        for (int64_t k = 0; k < n_hp; ++k) {
-            const int32_t c = k < (int64_t) w.n_slots ? st.slot_cell[k] : -1; // padding rows: never visible
-            const bool vis = c >= 0 && c < n_kv && !cells.is_empty(c) && in_window(w, cells.pos_get(c), q);
-            row[n_kv + k] = vis ? src[c] : drop;
+        return l;
+    };
+
+    // last row first: row i moves from i*n_kv to i*W >= i*n_kv, so no unread row is overwritten
+    for (int64_t i = (int64_t) ubatch->n_tokens - 1; i >= 0; --i) {
+        const llama_pos q = ubatch->pos[i];
+        const lists & l = lists_of(seq_to_stream[ubatch->seq_id[i][0]]);
+        T * row = data + i*W;
+        memmove(row, data + i*n_kv, n_kv*sizeof(T));
+        std::fill(row + n_kv, row + W, drop);
+        for (const wcol & e : l.window) {
+            if (in_window(w, e.pos, q)) {
+                row[n_kv + e.k] = row[e.c]; // before the cache columns are dropped below
+            }
+        }
+        for (const col & e : l.cache) {
+            if (in_window(w, e.pos, q)) {
+                row[e.j] = drop;
+            }
         }
     }
 }
@@ -488,14 +525,13 @@ int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tenso
     return w->n_hp_cur;
 }
 
-void llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch,
-        int64_t n_kv, const void * main) {
+void llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch, int64_t n_kv) {
     const llama_oscar_window * w = llama_oscar_window_of(kv);
     GGML_ASSERT(w);
     if (dst->type == GGML_TYPE_F16) {
-        fill_mask<ggml_fp16_t>(kv, *w, ubatch, (const ggml_fp16_t *) main, n_kv, dst);
+        fill_mask<ggml_fp16_t>(kv, *w, ubatch, n_kv, dst);
     } else {
-        fill_mask<float>(kv, *w, ubatch, (const float *) main, n_kv, dst);
+        fill_mask<float>(kv, *w, ubatch, n_kv, dst);
     }
 }
 

@@ -46,10 +46,6 @@ int32_t llama_oscar_context_params_echo(struct llama_context_params p, char * bu
             (int) p.oscar_strict, p.n_ctx, (int) p.type_k);
 }
 
-static bool is_oscar2(ggml_type t) {
-    return t == GGML_TYPE_OSCAR2 || t == GGML_TYPE_OSCAR2_64;
-}
-
 // ---- model load -----------------------------------------------------------------------------
 
 static const char * KEY_FORMAT_VERSION = "oscar.format_version";
@@ -197,7 +193,7 @@ void llama_oscar_validate_rotations(const llama_model & model) {
 
 // oscar2 -> the variant whose group divides every layer's head size
 static bool pick_variant(const llama_model & model, ggml_type & t, bool v) {
-    if (!is_oscar2(t)) {
+    if (!oscar2_is_type(t)) {
         return true;
     }
     const auto & hp = model.hparams;
@@ -236,7 +232,7 @@ bool llama_oscar_resolve_cache_types(const llama_model & model, llama_context_pa
             return false;
         }
     }
-    if (!is_oscar2(params.type_k) && !is_oscar2(params.type_v)) {
+    if (!oscar2_is_type(params.type_k) && !oscar2_is_type(params.type_v)) {
         return true;
     }
     if (!llama_oscar_arch_takes_rotations(model)) {
@@ -345,7 +341,7 @@ float llama_oscar_layer_clip(const llama_kv_cache & kv, int32_t il, bool v) {
 }
 
 ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip) {
-    if (node && is_oscar2(node->type)) {
+    if (node && oscar2_is_type(node->type)) {
         // op_params[0] as float; 0 would mean "no clipping"
         memcpy(node->op_params, &clip, sizeof(float));
     }

@@ -129,11 +129,10 @@ llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph *
 // build_attn_mha: give the flash-attention node its window rows
 void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w);
 
-// llama_kv_cache::set_input_kq_mask: number of window columns of dst, then the fill from the
-// cache-only mask main [rows][n_kv]
+// llama_kv_cache::set_input_kq_mask: the number of window columns of dst; then, once llama.cpp
+// has written the cache-only mask [n_tokens][n_kv] at the start of dst, its widening in place
 int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tensor * dst);
-void    llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch,
-        int64_t n_kv, const void * main);
+void    llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch, int64_t n_kv);
 
 // llama_kv_cache::build_graph_shift: shift the window's keys with their cells
 void llama_oscar_window_build_shift(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_kv_cache & kv,
