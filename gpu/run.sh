@@ -64,16 +64,23 @@ test_gpu() {
     local M=$(ls .device/smollm2-L*.gguf | head -1)
     local W=(-ctk oscar2 -ctv oscar2 -fa on --oscar-sink 16 --oscar-recent 32)
     local T=oscar_gguf/data/eval/botchan.txt
-    # the same with an f16 cache: how far CPU and CUDA differ anyway (weights' matmuls, reductions)
-    local kv
+    # each with an f16 cache as the control (how far CPU and CUDA differ anyway: the weights'
+    # matmuls, reductions), and each twice: ubatches of 512 (the prefill path) and of 1 token
+    # (the decode kernels, one query at a time over the INT2 rows and the window)
+    local kv ub
     for kv in oscar2 f16; do
         local KV=("${W[@]}")
         [ $kv = f16 ] && KV=(-fa on)
-        "$B/bin/llama-perplexity" -m "$M" -f $T -c 512 --chunks 8 -b 512 "${KV[@]}" -ngl 0 -t 8 \
-            --kl-divergence-base /tmp/kld_cpu_$kv.bin > "$OUT/kld_cpu_$kv.txt" 2>&1
-        "$B/bin/llama-perplexity" -m "$M" -c 512 --chunks 8 -b 512 "${KV[@]}" -ngl 99 -t 8 \
-            --kl-divergence-base /tmp/kld_cpu_$kv.bin --kl-divergence > "$OUT/kld_cuda_$kv.txt" 2>&1
-        log "CUDA vs CPU, $kv KV, teacher-forced (8 x 512 tokens of $T): $(grep -E '^Mean +KLD|^Maximum KLD|^Same top p' "$OUT/kld_cuda_$kv.txt" | tr -s ' ' | tr '\n' ';')"
+        for ub in 512 1; do
+            local n=8
+            [ $ub = 1 ] && n=2
+            local base=/tmp/kld_cpu_${kv}_$ub.bin
+            "$B/bin/llama-perplexity" -m "$M" -f $T -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 0 -t 8 \
+                --kl-divergence-base $base > "$OUT/kld_cpu_${kv}_$ub.txt" 2>&1
+            "$B/bin/llama-perplexity" -m "$M" -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 99 -t 8 \
+                --kl-divergence-base $base --kl-divergence > "$OUT/kld_cuda_${kv}_$ub.txt" 2>&1
+            log "CUDA vs CPU, $kv KV, ubatch $ub, teacher-forced ($n x 512 tokens of $T): $(grep -E '^Mean +KLD|^Maximum KLD|^Same top p' "$OUT/kld_cuda_${kv}_$ub.txt" | tr -s ' ' | tr '\n' ';')"
+        done
     done
 
     local P="The capital of France is Paris. The capital of Germany is"
