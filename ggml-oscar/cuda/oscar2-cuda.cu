@@ -511,6 +511,12 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
 // online-softmax state for its 16 values; teams and warps merge once, at the end.
 
 #define OSCAR_INT2_UNROLL 2
+#define OSCAR_INT2_BLOCKS_PER_SM 3 // launch bounds; fa_vec sizes its splits by it
+
+// which (K, V, queries per block) take k_fa_int2 rather than k_fa_partial
+static constexpr __host__ __device__ bool uses_int2_kernel(ggml_type kt, ggml_type vt, int nq) {
+    return kt == vt && (kt == GGML_TYPE_OSCAR2 || kt == GGML_TYPE_OSCAR2_64) && nq <= 4;
+}
 
 // a byte (0..255) of `w` as a float, exactly: the byte goes into the mantissa of 2^23
 static __device__ __forceinline__ float byte_as_float(uint32_t w, int j) {
@@ -518,7 +524,7 @@ static __device__ __forceinline__ float byte_as_float(uint32_t w, int j) {
 }
 
 template <int D, ggml_type T, int NQ>
-__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 3) // 3 blocks per SM: fa_vec sizes its splits by it
+__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_INT2_BLOCKS_PER_SM)
 static __global__ void k_fa_int2(const fa_source src, const fa_params p, const int rows_per_split) {
     constexpr int G   = group_of(T);
     constexpr int CB  = G/4;               // code bytes per group
@@ -715,6 +721,7 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
         }
         cur = nxt;
     }
+
     // merge the RPW teams of every warp, then the warps: one (M, S, acc) per query for the block
     constexpr int NP = OSCAR_FA_WARPS*RPW;
     __shared__ float sh_ml[NP][NQ][2];
@@ -761,7 +768,6 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
         }
     }
 }
-
 
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
 template <int D>
@@ -810,7 +816,7 @@ template <int D, ggml_type KT, ggml_type VT, int NQ>
 static void launch_partial_nq(const fa_source & src, const fa_params & p, int n_split, int rows_per_split, int n_groups, cudaStream_t stream) {
     const dim3 grid(p.n_head_kv*p.ne3, n_split, n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
-    if constexpr (KT == VT && (KT == GGML_TYPE_OSCAR2 || KT == GGML_TYPE_OSCAR2_64) && NQ <= 4) {
+    if constexpr (uses_int2_kernel(KT, VT, NQ)) {
         k_fa_int2<D, KT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
     } else {
         k_fa_partial<D, KT, VT, NQ><<<grid, block, 0, stream>>>(src, p, rows_per_split);
@@ -899,8 +905,8 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int tokens_per_block = std::max(1, nqb/gqa);
     const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
 
-    // splits. The INT2 kernel runs 3 blocks per SM (its launch bounds) and each block walks its
-    // rows in a dependent chain, so the cache gets exactly one full wave of blocks: a second,
+    // splits. The INT2 kernel runs OSCAR_INT2_BLOCKS_PER_SM blocks per SM and each block walks
+    // its rows in a dependent chain, so the cache gets exactly one full wave of blocks: a second,
     // partly empty wave costs as much as the first (ncu at 32k rows: 1.33 waves, 85 us). The other
     // kernels keep about 4 blocks per SM, in splits of at least 128 rows. (Window splits of 32
     // rows changed greedy tokens against the CPU on the cut SmolLM2 while 128 matched; not
@@ -913,9 +919,9 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
-    const bool int2 = K->type == V->type && oscar2_is_type(K->type) && nqb <= 4; // k_fa_int2 (launch_partial_nq)
     int ns_main, rps_main, ns_win = 0, rps_win = 0;
-    split((int) K->ne[1], 128, int2 ? 3*n_sm : 4*n_sm + base - 1, ns_main, rps_main);
+    split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
+          ns_main, rps_main);
     if (Kw) {
         split((int) Kw->ne[1], 128, 4*n_sm + base - 1, ns_win, rps_win);
     }

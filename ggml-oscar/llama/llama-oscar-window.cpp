@@ -455,10 +455,10 @@ void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w
 
 // The mask of the cache was built by llama.cpp into the first n_tokens*n_kv elements of dst; it
 // is widened here, in place, to rows of W = n_kv + n_hp columns: a cache column whose position
-// is read from the window is dropped, and a window column takes the cache column of its cell.
-// Only cells that own a window row can change, so they are listed once per stream and each
-// row is a copy plus a few hundred patches (per element work made a 512-token prefill at 32k
-// cells ~50 ms slower).
+// is read from the window is dropped, and the window column of its slot takes its value.
+// Only cells that own a window slot can change (slot_cell and cell_slot change only as pairs,
+// in alloc_slot/free_slot), so they are listed once per stream and each row is a copy plus a
+// few hundred patches (per element work made a 512-token prefill at 32k cells ~50 ms slower).
 template <typename T>
 static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
         int64_t n_kv, ggml_tensor * dst) {
@@ -469,48 +469,35 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
     T * data = (T *) dst->data;
     const T drop = llama_cast<T>(-INFINITY);
 
-    struct col  { int64_t j; llama_pos pos; };          // a cache column that has a window row
-    struct wcol { int64_t k; int64_t c; llama_pos pos; }; // a window column and its cell
-    struct lists { bool built = false; std::vector<col> cache; std::vector<wcol> window; };
-    std::vector<lists> per_stream(v_cells.size());
-    auto lists_of = [&](uint32_t strm) -> const lists & {
-        lists & l = per_stream[strm];
-        if (!l.built) {
+    struct owner { int64_t k; int64_t c; llama_pos pos; }; // window slot k, its cell c
+    std::vector<std::vector<owner>> per_stream(v_cells.size());
+    std::vector<bool> built(v_cells.size(), false);
+    auto owners_of = [&](uint32_t strm) -> const std::vector<owner> & {
+        if (!built[strm]) {
             const auto & cells = v_cells[strm];
             const auto & st    = w.streams[strm];
-            const int64_t n_c = std::min<int64_t>(n_kv, cells.size());
-            for (int64_t j = 0; j < n_c; ++j) {
-                if (st.cell_slot[j] >= 0 && !cells.is_empty(j)) {
-                    l.cache.push_back({ j, cells.pos_get(j) });
-                }
-            }
-            const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots);
-            for (int64_t k = 0; k < n_k; ++k) { // padding rows (k >= n_slots) are never visible
+            const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots); // padding rows are never visible
+            for (int64_t k = 0; k < n_k; ++k) {
                 const int32_t c = st.slot_cell[k];
                 if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
-                    l.window.push_back({ k, c, cells.pos_get(c) });
+                    per_stream[strm].push_back({ k, c, cells.pos_get(c) });
                 }
             }
-            l.built = true;
+            built[strm] = true;
         }
-        return l;
+        return per_stream[strm];
     };
 
     // last row first: row i moves from i*n_kv to i*W >= i*n_kv, so no unread row is overwritten
     for (int64_t i = (int64_t) ubatch->n_tokens - 1; i >= 0; --i) {
         const llama_pos q = ubatch->pos[i];
-        const lists & l = lists_of(seq_to_stream[ubatch->seq_id[i][0]]);
         T * row = data + i*W;
         memmove(row, data + i*n_kv, n_kv*sizeof(T));
         std::fill(row + n_kv, row + W, drop);
-        for (const wcol & e : l.window) {
+        for (const owner & e : owners_of(seq_to_stream[ubatch->seq_id[i][0]])) {
             if (in_window(w, e.pos, q)) {
-                row[n_kv + e.k] = row[e.c]; // before the cache columns are dropped below
-            }
-        }
-        for (const col & e : l.cache) {
-            if (in_window(w, e.pos, q)) {
-                row[e.j] = drop;
+                row[n_kv + e.k] = row[e.c];
+                row[e.c] = drop;
             }
         }
     }
