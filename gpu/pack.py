@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pack what the GPU machine needs into .device/ (ignored by git; carried by the device tool).
 
-    python gpu/pack.py [--model-layers 8]
+    python gpu/pack.py [--model-layers 8] [--full MODEL.gguf]
 
 The GPU machine has no network and a call carries at most 64 MiB, so it cannot fetch the
 76 MB sdist nor take the 98 MB bundled model. This writes:
@@ -11,6 +11,9 @@ The GPU machine has no network and a call carries at most 64 MiB, so it cannot f
   .device/smollm2-L<n>.gguf the bundled model cut to its first n layers, with random orthogonal
                             OSCAR rotations: a real tokenizer and real weights, so that greedy
                             decoding has margins, small enough to travel
+  .device/full.gguf.part-NN  with --full: a whole model (e.g. the bundled one with calibrated
+                            rotations) in parts of 48 MiB and its sha256, for `gpu/run.sh
+                            assemble`, one or two parts per call
 gpu/run.sh on the device machine unpacks and builds it.
 """
 from __future__ import annotations
@@ -79,11 +82,24 @@ def cut_model(src: Path, dst: Path, n_layers: int) -> None:
     cut.unlink()
 
 
+def split_model(src: Path, part_bytes: int = 48 << 20) -> None:
+    import hashlib
+    for old in OUT.glob("full.gguf.part-*"):
+        old.unlink()
+    data = src.read_bytes()
+    for i in range(0, len(data), part_bytes):
+        (OUT / f"full.gguf.part-{i // part_bytes:02d}").write_bytes(data[i:i + part_bytes])
+    (OUT / "full.gguf.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-layers", type=int, default=8)
+    ap.add_argument("--full", type=Path, help="a whole GGUF to split into carriable parts")
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
+    if args.full:
+        split_model(args.full)
     tree = fetch.prepare(fetch.default_cache(), None, fetch.HERE / "patches", None)
     pack_tree(tree, OUT / "upstream.tar.xz")
     (OUT / "wheels").mkdir(exist_ok=True)

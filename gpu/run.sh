@@ -5,6 +5,8 @@
 #   bash gpu/run.sh test          test-backend-ops (CUDA vs CPU), bit-exact/float64 checks, CPU-vs-CUDA greedy
 #   bash gpu/run.sh bench [DEPTHS] llama-bench on an 8B-shaped random-weight model, f16/q8_0/q4_0/oscar2
 #   bash gpu/run.sh all           build + test + bench
+#   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
+#   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -57,16 +59,27 @@ test_gpu() {
     python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
     log "pytest (CPU + CUDA0 cases): $(tail -1 "$OUT/pytest.log")"
 
-    # CPU vs CUDA end to end on a real (cut) model with rotations, oscar2 and the window:
-    # 1. teacher-forced: llama-perplexity KLD of the CUDA run against the CPU run on held-out text
-    # 2. greedy decoding, compared word by word. The model is the bundled one cut to 8 layers, so
-    #    its text is nonsense with near-ties; (1) is the measure, (2) the user-visible check.
-    local M=$(ls .device/smollm2-L*.gguf | head -1)
-    local W=(-ctk oscar2 -ctv oscar2 -fa on --oscar-sink 16 --oscar-recent 32)
+    # CPU vs CUDA end to end on the cut model (always carried), and on a full calibrated model
+    # when one was assembled on the machine (GPU_MODEL, see `assemble`)
+    e2e .device/smollm2-L*.gguf cut 16 32 ""
+    if [ -n "${GPU_MODEL:-}" ] && [ -f "$GPU_MODEL" ]; then
+        e2e "$GPU_MODEL" full 4 16 ""
+    fi
+    log "tests done in $(( $(date +%s) - t0 )) s"
+}
+
+# e2e MODEL TAG SINK RECENT "EXTRA GPU ARGS": CPU vs CUDA end to end with rotations and oscar2
+#  1. teacher-forced: llama-perplexity KLD of the CUDA run against the CPU run on held-out text,
+#     with ubatches of 512 (the prefill path) and of 1 token (the decode kernels), and an f16
+#     cache as the control: how far CPU and CUDA differ anyway (the weights' matmuls). INT2
+#     codes amplify those differences (a value near a code threshold flips), so oscar2's KLD is
+#     larger than f16's even when the attention kernels agree to 1e-5.
+#  2. greedy decoding, compared word by word (the user-visible check), oscar2 and f16. A small
+#     window (SINK + RECENT) puts most of the 48 tokens into INT2 rows.
+e2e() {
+    local M=$(ls $1 | head -1) tag=$2 extra=($5)
+    local W=(-ctk oscar2 -ctv oscar2 -fa on --oscar-sink $3 --oscar-recent $4)
     local T=oscar_gguf/data/eval/botchan.txt
-    # each with an f16 cache as the control (how far CPU and CUDA differ anyway: the weights'
-    # matmuls, reductions), and each twice: ubatches of 512 (the prefill path) and of 1 token
-    # (the decode kernels, one query at a time over the INT2 rows and the window)
     local kv ub
     for kv in oscar2 f16; do
         local KV=("${W[@]}")
@@ -74,20 +87,23 @@ test_gpu() {
         for ub in 512 1; do
             local n=8
             [ $ub = 1 ] && n=2
-            local base=/tmp/kld_cpu_${kv}_$ub.bin
-            "$B/bin/llama-perplexity" -m "$M" -f $T -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 0 -t 8 \
-                --kl-divergence-base $base > "$OUT/kld_cpu_${kv}_$ub.txt" 2>&1
-            "$B/bin/llama-perplexity" -m "$M" -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 99 -t 8 \
-                --kl-divergence-base $base --kl-divergence > "$OUT/kld_cuda_${kv}_$ub.txt" 2>&1
-            log "CUDA vs CPU, $kv KV, ubatch $ub, teacher-forced ($n x 512 tokens of $T): $(grep -E '^Mean +KLD|^Maximum KLD|^Same top p' "$OUT/kld_cuda_${kv}_$ub.txt" | tr -s ' ' | tr '\n' ';')"
+            local base=/tmp/kld_cpu_${tag}_${kv}_$ub.bin
+            [ -f $base ] || "$B/bin/llama-perplexity" -m "$M" -f $T -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 0 -t 8 \
+                --kl-divergence-base $base > "$OUT/kld_cpu_${tag}_${kv}_$ub.txt" 2>&1
+            "$B/bin/llama-perplexity" -m "$M" -c 512 --chunks $n -b 512 -ub $ub "${KV[@]}" -ngl 99 "${extra[@]}" -t 8 \
+                --kl-divergence-base $base --kl-divergence > "$OUT/kld_cuda_${tag}_${kv}_$ub.txt" 2>&1
+            log "[$tag] CUDA vs CPU, $kv KV, ubatch $ub, teacher-forced ($n x 512 tokens of $T): $(grep -E '^Mean +KLD|^Maximum KLD|^Same top p' "$OUT/kld_cuda_${tag}_${kv}_$ub.txt" | tr -s ' ' | tr '\n' ';')"
         done
     done
-
     local P="The capital of France is Paris. The capital of Germany is"
-    local args=(-m "$M" -p "$P" -n 48 -c 1024 "${W[@]}" -st --temp 0 -lv 1)
-    "$B/bin/llama-cli" "${args[@]}" -ngl 0  -t 8 < /dev/null > "$OUT/greedy_cpu.txt" 2>&1
-    "$B/bin/llama-cli" "${args[@]}" -ngl 99 -t 8 < /dev/null > "$OUT/greedy_cuda.txt" 2>&1
-    python3 - "$OUT/greedy_cpu.txt" "$OUT/greedy_cuda.txt" <<'EOF' | tee -a "$OUT/summary.txt"
+    for kv in oscar2 f16; do
+        local KV=("${W[@]}")
+        [ $kv = f16 ] && KV=(-fa on)
+        local args=(-m "$M" -p "$P" -n 48 -c 1024 "${KV[@]}" -st --temp 0 -lv 1)
+        "$B/bin/llama-cli" "${args[@]}" -ngl 0  -t 8 < /dev/null > "$OUT/greedy_cpu_${tag}_$kv.txt" 2>&1
+        "$B/bin/llama-cli" "${args[@]}" -ngl 99 "${extra[@]}" -t 8 < /dev/null > "$OUT/greedy_cuda_${tag}_$kv.txt" 2>&1
+        echo -n "[$tag, $kv KV] " | tee -a "$OUT/summary.txt"
+        python3 - "$OUT/greedy_cpu_${tag}_$kv.txt" "$OUT/greedy_cuda_${tag}_$kv.txt" <<'EOF' | tee -a "$OUT/summary.txt"
 import sys
 def gen(p):
     # the generated text: the lines after the echoed prompt ("> ..."), up to the timing line
@@ -112,7 +128,37 @@ print(f"greedy CPU vs CUDA: {same} identical leading words of {len(wa)} / {len(w
 print("CPU :", a[:200].replace("\n", " "))
 print("CUDA:", b[:200].replace("\n", " "))
 EOF
-    log "tests done in $(( $(date +%s) - t0 )) s"
+    done
+}
+
+# A full calibrated model is larger than one call may carry (64 MiB): gpu/pack.py --full MODEL
+# splits it into .device/full.gguf.part-NN plus .device/full.gguf.sha256; each call carries some
+# parts and `assemble` appends them, in order, to /tmp/oscar-full.gguf on the warm machine.
+assemble() {
+    local dst=/tmp/oscar-full.gguf part
+    [ -f .device/full.gguf.sha256 ] || return 0
+    for part in .device/full.gguf.part-*; do
+        [ -f "$part" ] || continue
+        grep -qx "$(basename $part)" $dst.parts 2>/dev/null && continue
+        cat "$part" >> $dst.partial && basename "$part" >> $dst.parts
+    done
+    if [ -f $dst.partial ] && [ "$(sha256sum < $dst.partial | cut -d' ' -f1)" = "$(cat .device/full.gguf.sha256)" ]; then
+        mv $dst.partial $dst && log "assembled $dst ($(stat -c %s $dst) bytes, sha256 ok)"
+    else
+        log "assemble: have $(cat $dst.parts 2>/dev/null | tr '\n' ' ')"
+    fi
+}
+
+# layers split over all GPUs of the machine (llama.cpp's default -sm layer): CPU vs multi-GPU
+# end to end, and a short llama-bench
+multi() {
+    local n=$(nvidia-smi -L | wc -l)
+    [ "$n" -ge 2 ] || { log "multi: needs 2 GPUs, found $n"; return 1; }
+    log "multi: $n GPUs, -sm layer"
+    e2e .device/smollm2-L*.gguf cut-sm-layer 16 32 "-sm layer"
+    [ -f "$GPU_MODEL" ] && e2e "$GPU_MODEL" full-sm-layer 4 16 "-sm layer"
+    log "multi: CUDA1 in use: $(grep -h -c 'CUDA1' "$OUT"/kld_cuda_cut-sm-layer_oscar2_1.txt) log lines, e.g. $(grep -h 'CUDA1' "$OUT"/kld_cuda_cut-sm-layer_oscar2_1.txt | head -2 | tr -s ' ' | tr '\n' '|')"
+    SPLIT="-sm layer" TYPES="f16 oscar2" REPS=1 TG=32 bench 0,16384
 }
 
 # environment: SHAPE (llama3-8b, qwen3-8b, ...), TYPES, TG (tokens per tg test), REPS
@@ -136,7 +182,7 @@ print(f"device copy bandwidth: {2*x.numel()/dt/1e9:.0f} GB/s (read + write of 1 
 EOF
     log "bench $shape, depths $depths, types $types"
     for T in $types; do
-        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n ${TG:-64} -r ${REPS:-2} -o json \
+        "$B/bin/llama-bench" -m $M -ngl 99 ${SPLIT:-} -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n ${TG:-64} -r ${REPS:-2} -o json \
             > "$OUT/bench_$T.json" 2> "$OUT/bench_$T.err" || log "bench $T failed: $(tail -3 "$OUT/bench_$T.err")"
         log "bench $T done"
     done
@@ -163,9 +209,12 @@ for kind in ("tg", "pp"):
 EOF
 }
 
+GPU_MODEL=${GPU_MODEL:-/tmp/oscar-full.gguf}
 case "${1:-all}" in
     build) build ;;
-    test)  build && test_gpu ;;
+    assemble) assemble ;;
+    multi) build && assemble && multi ;;
+    test)  build && assemble && test_gpu ;;
     bench) build && bench "${2:-}" ;;
     all)   build && test_gpu && bench "${2:-}" ;;
 esac

@@ -335,9 +335,43 @@ struct fa_params {
     int part0;    // first split of this launch
 };
 
+// The block's partial: merge the NP online-softmax states (max, sum, acc) its warps (or teams)
+// left in shared memory, one per query, and write it as partial number `part` of each query.
+template <int D, int NQ, int NP>
+static __device__ __forceinline__ void store_block_partial(const float (&sh_ml)[NP][NQ][2], const float (&sh_acc)[NP][NQ][D],
+        const fa_params & p, const int nq, const int tok0, const int hkv, const int s3, const int part) {
+    const int tid = threadIdx.y*WARP_SIZE + threadIdx.x;
+    for (int jd = tid; jd < nq*D; jd += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int j = jd / D;
+        const int d = jd % D;
+        float Mx = -INFINITY;
+#pragma unroll
+        for (int pp = 0; pp < NP; ++pp) {
+            Mx = fmaxf(Mx, sh_ml[pp][j][0]);
+        }
+        float a = 0.0f, l = 0.0f;
+        if (Mx != -INFINITY) {
+#pragma unroll
+            for (int pp = 0; pp < NP; ++pp) {
+                const float f = expf(sh_ml[pp][j][0] - Mx);
+                a += f*sh_acc[pp][j][d];
+                l += f*sh_ml[pp][j][1];
+            }
+        }
+        const int tok  = tok0 + j / p.gqa;
+        const int head = hkv*p.gqa + j % p.gqa;
+        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
+        p.part_acc[(qi*p.n_part + part)*D + d] = a;
+        if (d == 0) {
+            p.part_ml[qi*p.n_part + part] = make_float2(Mx, l);
+        }
+    }
+}
+
+// one block's partial over rows [r0, r1) of src, written as partial number `part`
+// (a device function: k_fa_int2_mma runs it for the window's blocks of its launch)
 template <int D, ggml_type KT, ggml_type VT, int NQ>
-__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 1)
-static __global__ void k_fa_partial(const fa_source src, const fa_params p, const int rows_per_split) {
+static __device__ __forceinline__ void fa_partial_rows(const fa_source & src, const fa_params & p, const int r0, const int r1, const int part) {
     constexpr int EPL = D/WARP_SIZE;
     const int t    = threadIdx.x;
     const int w    = threadIdx.y;
@@ -346,8 +380,6 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
     const int NT   = NQ / p.gqa > 0 ? NQ / p.gqa : 1;      // tokens this block could take
     const int tok0 = blockIdx.z*NT;
     const int nq   = min(NT, p.n_q - tok0)*p.gqa;            // real queries of this block
-    const int r0   = blockIdx.y*rows_per_split;
-    const int r1   = min(src.n_rows, r0 + rows_per_split);
 
     // queries: j = tok*gqa + hh, head = hkv*gqa + hh, pre-scaled
     float q[NQ][EPL];
@@ -471,33 +503,14 @@ static __global__ void k_fa_partial(const fa_source src, const fa_params p, cons
         }
     }
     __syncthreads();
-    const int tid = w*WARP_SIZE + t;
-    for (int jd = tid; jd < nq*D; jd += OSCAR_FA_WARPS*WARP_SIZE) {
-        const int j = jd / D;
-        const int d = jd % D;
-        float Mx = -INFINITY;
-#pragma unroll
-        for (int ww = 0; ww < OSCAR_FA_WARPS; ++ww) {
-            Mx = fmaxf(Mx, sh_ml[ww][j][0]);
-        }
-        float a = 0.0f, l = 0.0f;
-        if (Mx != -INFINITY) {
-#pragma unroll
-            for (int ww = 0; ww < OSCAR_FA_WARPS; ++ww) {
-                const float f = expf(sh_ml[ww][j][0] - Mx);
-                a += f*sh_acc[ww][j][d];
-                l += f*sh_ml[ww][j][1];
-            }
-        }
-        const int tok  = tok0 + j / p.gqa;
-        const int head = hkv*p.gqa + j % p.gqa;
-        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
-        const int part = p.part0 + blockIdx.y;
-        p.part_acc[(qi*p.n_part + part)*D + d] = a;
-        if (d == 0) {
-            p.part_ml[qi*p.n_part + part] = make_float2(Mx, l);
-        }
-    }
+    store_block_partial<D, NQ, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, part);
+}
+
+template <int D, ggml_type KT, ggml_type VT, int NQ>
+__launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, 1)
+static __global__ void k_fa_partial(const fa_source src, const fa_params p, const int rows_per_split) {
+    const int r0 = blockIdx.y*rows_per_split;
+    fa_partial_rows<D, KT, VT, NQ>(src, p, r0, min(src.n_rows, r0 + rows_per_split), p.part0 + blockIdx.y);
 }
 
 // ---- flash attention: the INT2 decode kernel (oscar2 K and V of one type, up to 4 queries) ----
@@ -742,32 +755,10 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
         }
     }
     __syncthreads();
-    const int tid = w*WARP_SIZE + t;
-    for (int jd = tid; jd < nq*D; jd += OSCAR_FA_WARPS*WARP_SIZE) {
-        const int j = jd / D;
-        const int d = jd % D;
-        float Mx = -INFINITY;
-        for (int pp = 0; pp < NP; ++pp) {
-            Mx = fmaxf(Mx, sh_ml[pp][j][0]);
-        }
-        float a = 0.0f, s = 0.0f;
-        if (Mx != -INFINITY) {
-            for (int pp = 0; pp < NP; ++pp) {
-                const float f = expf(sh_ml[pp][j][0] - Mx);
-                a += f*sh_acc[pp][j][d];
-                s += f*sh_ml[pp][j][1];
-            }
-        }
-        const int tok  = tok0 + j / p.gqa;
-        const int head = hkv*p.gqa + j % p.gqa;
-        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
-        const int part = p.part0 + blockIdx.y;
-        p.part_acc[(qi*p.n_part + part)*D + d] = a;
-        if (d == 0) {
-            p.part_ml[qi*p.n_part + part] = make_float2(Mx, s);
-        }
-    }
+    store_block_partial<D, NQ, NP>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, p.part0 + blockIdx.y);
 }
+
+#include "oscar2-fa-mma.cuh"
 
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
 template <int D>
@@ -861,6 +852,53 @@ static bool launch_partial_types(ggml_type kt, ggml_type vt, const fa_source & s
     return false;
 }
 
+// k_fa_int2_mma for (cache type, window type, D, queries per block); grid as in its header
+template <int D, ggml_type T, ggml_type WT>
+static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
+        int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
+    const dim3 grid(p.n_head_kv*p.ne3, ns_win + ns_main, n_groups);
+    const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
+    switch (nqb) {
+        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
+        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
+        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
+        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
+        default: GGML_ABORT("oscar2 attention: %d queries per block on the mma kernel", nqb);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D, ggml_type T>
+static void launch_int2_mma_w(ggml_type wt, int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
+        int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
+    if (wt == GGML_TYPE_F16) {
+        launch_int2_mma_t<D, T, GGML_TYPE_F16>(nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+    } else {
+        launch_int2_mma_t<D, T, GGML_TYPE_COUNT>(nqb, src, win, p, ns_main, rps_main, 0, 0, n_groups, stream);
+    }
+}
+
+static void launch_int2_mma(ggml_type t, ggml_type wt, int D, int nqb, const fa_source & src, const ggml_tensor * Kw,
+        const ggml_tensor * Vw, const half * win_mask, const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win,
+        int n_groups, cudaStream_t stream) {
+    fa_source win = {};
+    if (Kw) {
+        // the window's mask columns follow the cache's
+        win = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
+                (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
+                win_mask, (int) Kw->ne[1] };
+    }
+    if (D == 128 && t == GGML_TYPE_OSCAR2) {
+        launch_int2_mma_w<128, GGML_TYPE_OSCAR2>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+    } else if (D == 128 && t == GGML_TYPE_OSCAR2_64) {
+        launch_int2_mma_w<128, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+    } else if (D == 64 && t == GGML_TYPE_OSCAR2_64) {
+        launch_int2_mma_w<64, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+    } else {
+        GGML_ABORT("oscar2 attention: no mma kernel for D = %d", D);
+    }
+}
+
 static bool vec_types_ok(ggml_type kt, ggml_type vt, int64_t D) {
     auto ok = [&](ggml_type t) {
         return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || (t == GGML_TYPE_OSCAR2 && D % 128 == 0) || t == GGML_TYPE_OSCAR2_64;
@@ -905,12 +943,12 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int tokens_per_block = std::max(1, nqb/gqa);
     const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
 
-    // splits. The INT2 kernel runs OSCAR_INT2_BLOCKS_PER_SM blocks per SM and each block walks
-    // its rows in a dependent chain, so the cache gets exactly one full wave of blocks: a second,
-    // partly empty wave costs as much as the first (ncu at 32k rows: 1.33 waves, 85 us). The other
-    // kernels keep about 4 blocks per SM, in splits of at least 128 rows. (Window splits of 32
-    // rows changed greedy tokens against the CPU on the cut SmolLM2 while 128 matched; not
-    // understood yet, so the window keeps 128.)
+    // splits. The INT2 kernels run a fixed number of blocks per SM and each block walks its rows
+    // in a dependent chain, so the cache gets exactly one full wave of blocks: a second, partly
+    // empty wave costs as much as the first (ncu at 32k rows: 1.33 waves, 85 us). The other
+    // kernels keep about 4 blocks per SM, in splits of at least 128 rows. (How rows are split
+    // changes only the order of float sums. Greedy text against the CPU is no test of that on
+    // the small models we can carry: it parts even with an f16 cache; see gpu/run.sh e2e.)
     const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
     const int base = p.n_head_kv*p.ne3*n_groups;
     auto split = [&](int n_rows, int min_rows, int slots, int & n_split, int & rps) {
@@ -920,10 +958,24 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
     int ns_main, rps_main, ns_win = 0, rps_win = 0;
-    split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
-          ns_main, rps_main);
-    if (Kw) {
-        split((int) Kw->ne[1], 128, 4*n_sm + base - 1, ns_win, rps_win);
+    const ggml_type wt = Kw && Kw->type == Vw->type ? Kw->type : (Kw ? GGML_TYPE_F32 : GGML_TYPE_COUNT);
+    // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
+    const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
+    if (mma) {
+        // one launch: the window's blocks come first and are short (16 f16 rows, one step per
+        // warp); the cache's splits fill a full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per SM, and
+        // those that find no free SM start a few microseconds late, when the window's are done.
+        // (Giving the window slots of its own left 27% of the SM cycles idle at 32k rows.)
+        if (Kw) {
+            split((int) Kw->ne[1], 16, 4*n_sm, ns_win, rps_win);
+        }
+        split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
+    } else {
+        split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
+              ns_main, rps_main);
+        if (Kw) {
+            split((int) Kw->ne[1], 128, 4*n_sm + base - 1, ns_win, rps_win);
+        }
     }
     p.n_part = ns_main + ns_win;
 
@@ -937,14 +989,20 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
                      (const char *) V->data, (int64_t) V->nb[1], (int64_t) V->nb[2], (int64_t) V->nb[3],
                      mask ? (const half *) mask->data : nullptr, (int) K->ne[1] };
     p.part0 = 0;
-    bool ok = false;
-    switch (D) {
-        case  64: ok = launch_partial_types< 64>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
-        case 128: ok = launch_partial_types<128>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
-        case 256: ok = launch_partial_types<256>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+    if (mma) {
+        launch_int2_mma(K->type, wt, D, nqb, sm, Kw, Vw, mask ? (const half *) mask->data + K->ne[1] : nullptr, p,
+                        ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+    }
+    bool ok = mma;
+    if (!mma) {
+        switch (D) {
+            case  64: ok = launch_partial_types< 64>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+            case 128: ok = launch_partial_types<128>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+            case 256: ok = launch_partial_types<256>(K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream); break;
+        }
     }
     GGML_ASSERT(ok && "oscar2 attention: no kernel for these types");
-    if (Kw) {
+    if (Kw && !mma) {
         // the window's mask columns follow the cache's
         fa_source sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
                          (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
