@@ -62,9 +62,7 @@ test_gpu() {
     # CPU vs CUDA end to end on the cut model (always carried), and on a full calibrated model
     # when one was assembled on the machine (GPU_MODEL, see `assemble`)
     e2e .device/smollm2-L*.gguf cut 16 32 ""
-    if [ -n "${GPU_MODEL:-}" ] && [ -f "$GPU_MODEL" ]; then
-        e2e "$GPU_MODEL" full 4 16 ""
-    fi
+    [ -f "$GPU_MODEL" ] && e2e "$GPU_MODEL" full 4 16 ""
     log "tests done in $(( $(date +%s) - t0 )) s"
 }
 
@@ -80,10 +78,10 @@ e2e() {
     local M=$(ls $1 | head -1) tag=$2 extra=($5)
     local W=(-ctk oscar2 -ctv oscar2 -fa on --oscar-sink $3 --oscar-recent $4)
     local T=oscar_gguf/data/eval/botchan.txt
-    local kv ub
+    local kv ub KV
+    kv_args() { if [ $1 = f16 ]; then KV=(-fa on); else KV=("${W[@]}"); fi; }
     for kv in oscar2 f16; do
-        local KV=("${W[@]}")
-        [ $kv = f16 ] && KV=(-fa on)
+        kv_args $kv
         for ub in 512 1; do
             local n=8
             [ $ub = 1 ] && n=2
@@ -97,8 +95,7 @@ e2e() {
     done
     local P="The capital of France is Paris. The capital of Germany is"
     for kv in oscar2 f16; do
-        local KV=("${W[@]}")
-        [ $kv = f16 ] && KV=(-fa on)
+        kv_args $kv
         local args=(-m "$M" -p "$P" -n 48 -c 1024 "${KV[@]}" -st --temp 0 -lv 1)
         "$B/bin/llama-cli" "${args[@]}" -ngl 0  -t 8 < /dev/null > "$OUT/greedy_cpu_${tag}_$kv.txt" 2>&1
         "$B/bin/llama-cli" "${args[@]}" -ngl 99 "${extra[@]}" -t 8 < /dev/null > "$OUT/greedy_cuda_${tag}_$kv.txt" 2>&1
@@ -216,6 +213,6 @@ case "${1:-all}" in
     multi) build && assemble && multi ;;
     test)  build && assemble && test_gpu ;;
     bench) build && bench "${2:-}" ;;
-    all)   build && test_gpu && bench "${2:-}" ;;
+    all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40

@@ -878,16 +878,8 @@ static void launch_int2_mma_w(ggml_type wt, int nqb, const fa_source & src, cons
     }
 }
 
-static void launch_int2_mma(ggml_type t, ggml_type wt, int D, int nqb, const fa_source & src, const ggml_tensor * Kw,
-        const ggml_tensor * Vw, const half * win_mask, const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win,
-        int n_groups, cudaStream_t stream) {
-    fa_source win = {};
-    if (Kw) {
-        // the window's mask columns follow the cache's
-        win = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
-                (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
-                win_mask, (int) Kw->ne[1] };
-    }
+static void launch_int2_mma(ggml_type t, ggml_type wt, int D, int nqb, const fa_source & src, const fa_source & win,
+        const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
     if (D == 128 && t == GGML_TYPE_OSCAR2) {
         launch_int2_mma_w<128, GGML_TYPE_OSCAR2>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
     } else if (D == 128 && t == GGML_TYPE_OSCAR2_64) {
@@ -958,7 +950,8 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
     int ns_main, rps_main, ns_win = 0, rps_win = 0;
-    const ggml_type wt = Kw && Kw->type == Vw->type ? Kw->type : (Kw ? GGML_TYPE_F32 : GGML_TYPE_COUNT);
+    // the window's type for the mma kernel: COUNT = no window; F32 = K and V differ (not taken)
+    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type ? Kw->type : GGML_TYPE_F32;
     // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
     const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
     if (mma) {
@@ -988,10 +981,16 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     fa_source sm = { (const char *) K->data, (int64_t) K->nb[1], (int64_t) K->nb[2], (int64_t) K->nb[3],
                      (const char *) V->data, (int64_t) V->nb[1], (int64_t) V->nb[2], (int64_t) V->nb[3],
                      mask ? (const half *) mask->data : nullptr, (int) K->ne[1] };
+    fa_source sw = {};
+    if (Kw) {
+        // the window's mask columns follow the cache's
+        sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
+               (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
+               mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
+    }
     p.part0 = 0;
     if (mma) {
-        launch_int2_mma(K->type, wt, D, nqb, sm, Kw, Vw, mask ? (const half *) mask->data + K->ne[1] : nullptr, p,
-                        ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma(K->type, wt, D, nqb, sm, sw, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
     }
     bool ok = mma;
     if (!mma) {
@@ -1003,10 +1002,6 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     GGML_ASSERT(ok && "oscar2 attention: no kernel for these types");
     if (Kw && !mma) {
-        // the window's mask columns follow the cache's
-        fa_source sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
-                         (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
-                         mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
         p.part0 = ns_main;
         switch (D) {
             case  64: ok = launch_partial_types< 64>(Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream); break;
