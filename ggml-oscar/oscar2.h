@@ -77,6 +77,10 @@ _Static_assert(sizeof(block_oscar2_64) == 20, "block_oscar2_64 must be 20 bytes"
 #define OSCAR2_DEFAULT_CLIP_K 0.96f
 #define OSCAR2_DEFAULT_CLIP_V 0.92f
 
+// op_params[0] of a GGML_OP_MUL_MAT node that applies an OSCAR rotation (x @ R or x @ R^T, both
+// operands f32): lets a backend take it with a kernel made for d x d rotations of a few vectors
+#define OSCAR2_ROTATION_TAG 0x544f524f
+
 // --- reference (scalar, portable) -----------------------------------------------------
 // k = number of values (a multiple of the group size), clip as described above.
 void oscar2_quantize_row_ref   (const float * x, void * y, int64_t k, float clip);

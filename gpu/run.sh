@@ -7,6 +7,8 @@
 #   bash gpu/run.sh all           build + test + bench
 #   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
+#   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
+#                                 and oscar2 with the window or the rotations turned off at depth D
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -25,8 +27,11 @@ build() {
         tar xf .device/upstream.tar.xz -C "$OSCAR_CACHE_DIR/src" && touch "$TREE/.unpacked"
     fi
     # our sources as they are now (the tarball may be older than the last edit)
-    mkdir -p "$TREE/vendor/llama.cpp/ggml/src/ggml-oscar"
-    cp -r ggml-oscar/. "$TREE/vendor/llama.cpp/ggml/src/ggml-oscar/"
+    # (only the files that differ: a fresh copy's mtimes would make ninja rebuild them all)
+    local f dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar
+    (cd ggml-oscar && find . -type f) | while read -r f; do
+        cmp -s "ggml-oscar/$f" "$dst/$f" || { mkdir -p "$(dirname "$dst/$f")" && cp "ggml-oscar/$f" "$dst/$f"; }
+    done
     if [ ! -f "$B/build.ninja" ]; then
         cmake -S "$TREE/vendor/llama.cpp" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DBUILD_SHARED_LIBS=ON \
@@ -50,7 +55,7 @@ pyenv() {
 
 test_gpu() {
     local t0=$(date +%s)
-    "$B/bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT -p 'oscar' > "$OUT/test-backend-ops.log" 2>&1
+    "$B/bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT -p 'oscar' > "$OUT/test-backend-ops.log" 2>&1
     local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/test-backend-ops.log")
     log "test-backend-ops CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL, $(grep -c 'not supported' <<< "$plain") not supported; $(tail -2 <<< "$plain" | tr '\n' ' ')"
     grep -E ": FAIL$" <<< "$plain" | head -20 | tee -a "$OUT/summary.txt"
@@ -159,6 +164,82 @@ multi() {
 }
 
 # environment: SHAPE (llama3-8b, qwen3-8b, ...), TYPES, TG (tokens per tg test), REPS
+# profile [DEPTH]: (1) ncu per-kernel GPU time of a short decode at depth 0, f16 against oscar2,
+# summed by kernel name: what oscar2 adds per token; (2) llama-bench at DEPTH (default 16384) for
+# oscar2 with the window and/or the calibrated rotations turned off, beside f16 and plain oscar2
+profile() {
+    local depth=${1:-16384} shape=${SHAPE:-llama3-8b}
+    pyenv
+    local M=/tmp/$shape-q4_0.gguf
+    if [ ! -f $M ]; then
+        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
+            > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log"; return 1; }
+    fi
+    local NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        for T in f16 oscar2; do
+            "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+                "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -p 0 -n 8 -r 1 > "$OUT/ncu_$T.csv" 2> "$OUT/ncu_$T.err" \
+                || log "ncu $T failed: $(tail -3 "$OUT/ncu_$T.err")"
+        done
+        python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import csv, sys, pathlib, collections, re
+out = pathlib.Path(sys.argv[1])
+def load(T):
+    t = collections.defaultdict(float); n = collections.Counter()
+    lines = (out / f"ncu_{T}.csv").read_text(errors="replace").splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        return t, n
+    for r in csv.DictReader(lines[start:]):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        name = re.sub(r"[<(].*", "", r["Kernel Name"]).strip()[:60]
+        v = float(r["Metric Value"].replace(",", ""))
+        t[name] += v/1000.0 if r.get("Metric Unit") in ("ns", "nsecond") else v
+        n[name] += 1
+    return t, n
+for T in ("f16", "oscar2"):
+    t, n = load(T)
+    tot = sum(t.values())
+    print(f"ncu depth 0, {T}: {sum(n.values())} kernels, {tot:.0f} us GPU time in all (warm-up + 8 tokens); by name:")
+    for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"  {v:9.1f} us {n[k]:6d} x  {k}")
+EOF
+    else
+        log "profile: no ncu on this machine"
+    fi
+    log "profile at depth $depth: f16, oscar2, oscar2 without window, without rotations, without both"
+    local name args
+    for name in f16 oscar2 nowin norot nowin_norot; do
+        case $name in
+            f16)         args=(-ctk f16 -ctv f16) ;;
+            oscar2)      args=(-ctk oscar2 -ctv oscar2) ;;
+            nowin)       args=(-ctk oscar2 -ctv oscar2 --oscar-sink 0 --oscar-recent 0) ;;
+            norot)       args=(-ctk oscar2 -ctv oscar2 --oscar-rot none) ;;
+            nowin_norot) args=(-ctk oscar2 -ctv oscar2 --oscar-sink 0 --oscar-recent 0 --oscar-rot none) ;;
+        esac
+        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 "${args[@]}" -d 0,$depth -p 512 -n 32 -r 2 -o json > "$OUT/prof_$name.json" 2> "$OUT/prof_$name.err" \
+            || log "bench $name failed: $(tail -3 "$OUT/prof_$name.err")"
+    done
+    python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1]); res = {}
+for name in ("f16", "oscar2", "nowin", "norot", "nowin_norot"):
+    try:
+        for r in json.loads((out / f"prof_{name}.json").read_text()):
+            res[(name, "pp" if r["n_prompt"] else "tg", r["n_depth"])] = r["avg_ts"]
+    except Exception as e:
+        print(name, "no result", e)
+for kind in ("tg", "pp"):
+    for d in sorted({k[2] for k in res}):
+        base = res.get(("f16", kind, d))
+        cells = [f"{n} {res[(n, kind, d)]:8.1f} ({res[(n, kind, d)]/base:4.2f}x)" for n in ("f16", "oscar2", "nowin", "norot", "nowin_norot")
+                 if (n, kind, d) in res and base]
+        print(f"{kind} d={d:6d}  " + "  ".join(cells))
+EOF
+}
+
 bench() {
     local depths=${1:-0,4096,16384,32768}
     local shape=${SHAPE:-llama3-8b} types=${TYPES:-f16 q8_0 q4_0 oscar2}
@@ -213,6 +294,7 @@ case "${1:-all}" in
     multi) build && assemble && multi ;;
     test)  build && assemble && test_gpu ;;
     bench) build && bench "${2:-}" ;;
+    profile) build && profile "${2:-}" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40

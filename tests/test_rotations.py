@@ -26,6 +26,14 @@ ATTN0 = "kqv_out-0"             # attention output of layer 0, in the cache's ba
 ATTN0_UNROT = "kqv_out_unrot-0"  # the same after the V rotation is undone
 
 
+@pytest.fixture(autouse=True)
+def rotate_float_caches(request, monkeypatch):
+    """The wiring tests below rotate f16/f32 caches, where a rotation changes nothing but can be
+    checked exactly; by default only quantized caches are rotated (test_float_cache_skips_rotations)."""
+    if "no_float_rotation" not in request.keywords:
+        monkeypatch.setenv("OSCAR_ROT_FLOAT_CACHE", "1")
+
+
 @pytest.fixture(scope="module")
 def models(bundled_model, tmp_path_factory):
     d = tmp_path_factory.mktemp("rot")
@@ -68,6 +76,19 @@ def test_random_orthogonal_rotation_is_invariant(models, tokens, kv):
     still_rotated = attn0(models["random"], tokens, ATTN0, type_k=kv, type_v=kv)
     assert rel(back, plain) < 2e-3
     assert rel(still_rotated, plain) > 0.3, "the rotation must really be applied"
+
+
+@pytest.mark.no_float_rotation
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_float_cache_skips_rotations(models, tokens, kv):
+    """By default a float cache is not rotated (it would only cost time): the rotated model's
+    layer-0 attention is bit-identical to the plain model's, with no un-rotation node."""
+    plain = attn0(models["plain"], tokens, ATTN0, type_k=kv, type_v=kv)
+    rotated = attn0(models["random"], tokens, ATTN0, type_k=kv, type_v=kv)
+    assert np.array_equal(plain, rotated)
+    with Model(models["random"]) as m, Context(m, n_ctx=256, capture=[ATTN0_UNROT], type_k=kv, type_v=kv) as c:
+        c.decode(tokens)
+        assert not c.captured.get(ATTN0_UNROT)
 
 
 def test_rotated_model_generates_like_the_plain_one(models, tokens):

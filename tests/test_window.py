@@ -16,6 +16,8 @@ from oscar_gguf.lowlevel import Context, LlamaError, Model
 from oscar_gguf.runtime import LlamaServer, run_tool
 
 ATTN0 = "kqv_out_unrot-0"
+ATTN0_F16 = "kqv_out-0"  # an f16 cache is not rotated: its output has no un-rotation node
+CAPTURE = [ATTN0, ATTN0_F16]
 OSCAR = dict(type_k="oscar2", type_v="oscar2")
 
 
@@ -35,19 +37,20 @@ def rel(a, b):
 
 
 def last_attn(ctx) -> np.ndarray:
-    return ctx.captured[ATTN0][-1][..., -1, :].reshape(-1)
+    name = ATTN0 if ctx.captured.get(ATTN0) else ATTN0_F16
+    return ctx.captured[name][-1][..., -1, :].reshape(-1)
 
 
 def test_window_covering_the_whole_context_equals_f16(model, tokens):
     toks = tokens[:100]
     with Model(model) as m:
-        with Context(m, n_ctx=256, capture=[ATTN0]) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE) as c:
             c.decode(toks)
             f16 = last_attn(c)
-        with Context(m, n_ctx=256, capture=[ATTN0], oscar_sink=16, oscar_recent=100, **OSCAR) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE, oscar_sink=16, oscar_recent=100, **OSCAR) as c:
             c.decode(toks)
             win = last_attn(c)
-        with Context(m, n_ctx=256, capture=[ATTN0], oscar_sink=0, oscar_recent=0, **OSCAR) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE, oscar_sink=0, oscar_recent=0, **OSCAR) as c:
             c.decode(toks)
             int2 = last_attn(c)
     assert rel(win, f16) < 2e-3          # f16 window rows vs f16 cache: the same values
@@ -60,7 +63,7 @@ def test_prefill_larger_than_the_window_in_one_or_many_ubatches(model, tokens):
     toks = tokens[:150]
     outs = []
     for n_ubatch in (512, 32):
-        with Model(model) as m, Context(m, n_ctx=512, n_batch=512, n_ubatch=n_ubatch, capture=[ATTN0],
+        with Model(model) as m, Context(m, n_ctx=512, n_batch=512, n_ubatch=n_ubatch, capture=CAPTURE,
                                         oscar_sink=4, oscar_recent=24, **OSCAR) as c:
             c.decode(toks)
             c.decode(tokens[150:151], 150)
@@ -81,7 +84,7 @@ def test_every_prompt_token_attends_the_same_in_any_ubatch_split(model, tokens):
     toks = tokens[:120]
     outs = {}
     for n_ubatch in (512, 16, 1):
-        with Model(model) as m, Context(m, n_ctx=256, n_batch=512, n_ubatch=n_ubatch, capture=[ATTN0],
+        with Model(model) as m, Context(m, n_ctx=256, n_batch=512, n_ubatch=n_ubatch, capture=CAPTURE,
                                         oscar_sink=4, oscar_recent=24, **OSCAR) as c:
             if n_ubatch == 1:
                 for i, t in enumerate(toks):
@@ -102,13 +105,13 @@ def test_sequences_give_the_same_results_as_alone(model, tokens):
         for s, n in lens.items():
             if s == 1:
                 continue
-            with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+            with Context(m, n_ctx=256, capture=CAPTURE, **win) as c:
                 c.decode(tokens[:n])
                 c.decode([tokens[n]], n)
                 c.decode([tokens[n + 1]], n + 1)
                 alone[s] = last_attn(c)
         for unified in (True, False):
-            with Context(m, n_ctx=768, n_seq_max=3, kv_unified=unified, capture=[ATTN0], **win) as c:
+            with Context(m, n_ctx=768, n_seq_max=3, kv_unified=unified, capture=CAPTURE, **win) as c:
                 # seq 2 starts at a different offset of the text so that the sequences differ
                 c.decode_multi([(s, tokens[:n], 0) for s, n in lens.items()])
                 assert c.seq_rm(1, -1, -1)  # drop a whole sequence in the middle
@@ -122,11 +125,11 @@ def test_sequences_give_the_same_results_as_alone(model, tokens):
 def test_seq_cp_keep_add_div(model, tokens):
     win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
     with Model(model) as m:
-        with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE, **win) as c:
             c.decode(tokens[:50])
             c.decode([tokens[60]], 50)
             ref = last_attn(c)
-        with Context(m, n_ctx=512, n_seq_max=2, capture=[ATTN0], **win) as c:
+        with Context(m, n_ctx=512, n_seq_max=2, capture=CAPTURE, **win) as c:
             c.decode(tokens[:50])
             c.seq_cp(0, 1)           # shared prefix
             c.decode([tokens[55]], 50, seq=0)
@@ -149,11 +152,11 @@ def test_truncating_a_sequence_continues_exactly_or_is_refused(model, tokens):
     win = dict(oscar_sink=4, oscar_recent=24, n_ubatch=32, **OSCAR)  # 4 + 24 + 32 slots: 32 spare
     prompt, p = tokens[:80], 80
     with Model(model) as m:
-        with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE, **win) as c:
             fresh_logits = c.decode(prompt)
             fresh = last_attn(c)
         for n_gen, exact in ((6, True), (120, False)):
-            with Context(m, n_ctx=256, capture=[ATTN0], **win) as c:
+            with Context(m, n_ctx=256, capture=CAPTURE, **win) as c:
                 c.decode(prompt)
                 for i, t in enumerate(tokens[p:p + n_gen]):
                     c.decode([t], p + i)
@@ -211,7 +214,7 @@ def test_k_shift_moves_the_window_keys(model, tokens):
     the same way (upstream's K shift), far closer than the unshifted cache does. (RoPE is
     relative, so only a partial shift is observable.)"""
     def attn(m, shift, **kw):
-        with Context(m, n_ctx=256, capture=[ATTN0], **kw) as c:
+        with Context(m, n_ctx=256, capture=CAPTURE, **kw) as c:
             c.decode(tokens[:60])
             if shift:
                 c.seq_add(0, 30, -1, 17)

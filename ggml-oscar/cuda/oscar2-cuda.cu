@@ -9,6 +9,7 @@
 #include "oscar2-cuda.cuh"
 
 #include "../../ggml-cuda/fattn.cuh"
+#include "../../ggml-cuda/fattn-common.cuh" // FATTN_KQ_STRIDE
 #include "../oscar2.h"
 
 #include <cfloat>
@@ -1082,11 +1083,12 @@ static void rows_to_f16(const ggml_tensor * src, half * dst, int n_total, int r_
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void make_f16_view(ggml_tensor & t, const ggml_tensor * like, half * data, int64_t n_total) {
+// t: a contiguous f16 tensor shaped like `like`, with n elements along dimension dim (K/V rows: 1)
+static void make_f16_view(ggml_tensor & t, const ggml_tensor * like, half * data, int64_t n, int dim = 1) {
     t = *like;
     t.type  = GGML_TYPE_F16;
     t.data  = data;
-    t.ne[1] = n_total;
+    t.ne[dim] = n;
     t.nb[0] = sizeof(half);
     t.nb[1] = t.nb[0]*t.ne[0];
     t.nb[2] = t.nb[1]*t.ne[1];
@@ -1099,28 +1101,83 @@ static void make_f16_view(ggml_tensor & t, const ggml_tensor * like, half * data
     }
 }
 
-// the same attention with K and V as plain f16 tensors: [cache rows | window rows]
-static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor * dst,
-        ggml_cuda_pool_alloc<half> & kbuf, ggml_cuda_pool_alloc<half> & vbuf, ggml_tensor & K2, ggml_tensor & V2) {
-    const ggml_tensor * K = dst->src[1], * V = dst->src[2], * Kw = dst->src[5], * Vw = dst->src[6];
+// rows [n_total, n_pad) of each head of a contiguous [D, n_pad, n_head_kv, ns] f16 buffer -> 0
+// (masked columns still meet V: 0 * garbage could be NaN)
+static __global__ void k_zero_pad_rows(half * __restrict__ dst, int D, int n_total, int n_pad, int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    const int per_head = (n_pad - n_total)*D;
+    const int64_t h = i / per_head;
+    dst[(h*n_pad + n_total)*D + i % per_head] = __float2half(0.0f);
+}
+
+// the mask [>= n_total, ne1, ne2, ne3] (byte strides) -> a contiguous f16 mask of n_pad columns,
+// the columns past n_total at -inf
+static __global__ void k_widen_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne1, int ne2,
+        half * __restrict__ dst, int n_total, int n_pad, int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    const int c = i % n_pad;
+    int64_t rest = i / n_pad;
+    const int i1 = rest % ne1; rest /= ne1;
+    const int i2 = rest % ne2;
+    const int i3 = rest / ne2;
+    dst[i] = c < n_total ? *(const half *) (src + i1*nb1 + i2*nb2 + i3*nb3 + c*sizeof(half)) : __float2half(-INFINITY);
+}
+
+// K/V rows of the f16 equivalent: cache rows and window rows, rounded up to the upstream kernels'
+// KV stride when an f16 mask can hide the extra rows. Why: with a ragged row count (a 320-row
+// window) upstream turns off its GQA batching and its mask-based skipping, which cost prefill at
+// 32k about a fifth of its speed (measured 2026-11-23, H100).
+static int64_t f16_rows(const ggml_tensor * op) {
+    const ggml_tensor * mask = op->src[3];
+    const int64_t n = op->src[1]->ne[1] + (op->src[5] ? op->src[5]->ne[1] : 0);
+    return mask && mask->type == GGML_TYPE_F16 && mask->ne[0] >= n ? GGML_PAD(n, FATTN_KQ_STRIDE) : n;
+}
+
+// the same attention with K and V as plain f16 tensors: [cache rows | window rows | zero rows],
+// the zero rows masked
+static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_pool_alloc<half> & kbuf,
+        ggml_cuda_pool_alloc<half> & vbuf, ggml_cuda_pool_alloc<half> & mbuf, ggml_tensor & K2, ggml_tensor & V2, ggml_tensor & M2) {
+    const ggml_tensor * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3], * Kw = dst->src[5], * Vw = dst->src[6];
     cudaStream_t stream = ctx.stream();
     const int64_t n_w = Kw ? Kw->ne[1] : 0;
     const int64_t n_total = K->ne[1] + n_w;
-    kbuf.alloc(ctx.pool(), K->ne[0]*n_total*K->ne[2]*K->ne[3]);
-    vbuf.alloc(ctx.pool(), V->ne[0]*n_total*V->ne[2]*V->ne[3]);
-    rows_to_f16(K, kbuf.get(), (int) n_total, 0, stream);
-    rows_to_f16(V, vbuf.get(), (int) n_total, 0, stream);
+    const int64_t n_pad = f16_rows(dst);
+    kbuf.alloc(ctx.pool(), K->ne[0]*n_pad*K->ne[2]*K->ne[3]);
+    vbuf.alloc(ctx.pool(), V->ne[0]*n_pad*V->ne[2]*V->ne[3]);
+    rows_to_f16(K, kbuf.get(), (int) n_pad, 0, stream);
+    rows_to_f16(V, vbuf.get(), (int) n_pad, 0, stream);
     if (Kw) {
-        rows_to_f16(Kw, kbuf.get(), (int) n_total, (int) K->ne[1], stream);
-        rows_to_f16(Vw, vbuf.get(), (int) n_total, (int) V->ne[1], stream);
+        rows_to_f16(Kw, kbuf.get(), (int) n_pad, (int) K->ne[1], stream);
+        rows_to_f16(Vw, vbuf.get(), (int) n_pad, (int) V->ne[1], stream);
     }
-    make_f16_view(K2, K, kbuf.get(), n_total);
-    make_f16_view(V2, V, vbuf.get(), n_total);
+    make_f16_view(K2, K, kbuf.get(), n_pad);
+    make_f16_view(V2, V, vbuf.get(), n_pad);
     ggml_tensor d2 = *dst;
     d2.src[1] = &K2;
     d2.src[2] = &V2;
     d2.src[5] = nullptr;
     d2.src[6] = nullptr;
+    if (n_pad > n_total) {
+        const int threads = 256;
+        for (const ggml_tensor * t : {&K2, &V2}) {
+            const int64_t n = (n_pad - n_total)*t->ne[0]*t->ne[2]*t->ne[3];
+            k_zero_pad_rows<<<(n + threads - 1)/threads, threads, 0, stream>>>((half *) t->data, (int) t->ne[0], (int) n_total,
+                (int) n_pad, n);
+        }
+        const int64_t n = n_pad*mask->ne[1]*mask->ne[2]*mask->ne[3];
+        mbuf.alloc(ctx.pool(), n);
+        k_widen_mask<<<(n + threads - 1)/threads, threads, 0, stream>>>((const char *) mask->data, mask->nb[1], mask->nb[2],
+            mask->nb[3], (int) mask->ne[1], (int) mask->ne[2], mbuf.get(), (int) n_total, (int) n_pad, n);
+        CUDA_CHECK(cudaGetLastError());
+        make_f16_view(M2, mask, mbuf.get(), n_pad, 0);
+        d2.src[3] = &M2;
+    }
     return d2;
 }
 
@@ -1131,8 +1188,8 @@ static bool fa_is_ours(const ggml_tensor * op) {
 
 static bool f16_path_supported(int device, const ggml_tensor * op) {
     ggml_tensor K2, V2;
-    make_f16_view(K2, op->src[1], nullptr, op->src[1]->ne[1] + (op->src[5] ? op->src[5]->ne[1] : 0));
-    make_f16_view(V2, op->src[2], nullptr, op->src[2]->ne[1] + (op->src[6] ? op->src[6]->ne[1] : 0));
+    make_f16_view(K2, op->src[1], nullptr, f16_rows(op));
+    make_f16_view(V2, op->src[2], nullptr, f16_rows(op));
     ggml_tensor d2 = *op;
     d2.src[1] = &K2;
     d2.src[2] = &V2;
@@ -1146,10 +1203,89 @@ static void flash_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         fa_vec(ctx, dst);
         return;
     }
-    ggml_cuda_pool_alloc<half> kbuf, vbuf;
-    ggml_tensor K2, V2;
-    ggml_tensor d2 = f16_equivalent(ctx, dst, kbuf, vbuf, K2, V2);
+    ggml_cuda_pool_alloc<half> kbuf, vbuf, mbuf;
+    ggml_tensor K2, V2, M2;
+    ggml_tensor d2 = f16_equivalent(ctx, dst, kbuf, vbuf, mbuf, K2, V2, M2);
     ggml_cuda_flash_attn_ext(ctx, &d2);
+}
+
+// ---- OSCAR rotations of a few vectors ----------------------------------------------------------
+//
+// The graph rotates q, k and v and un-rotates the attention output with ggml_mul_mat(A, x),
+// A a d x d f32 matrix (R or R^T). At decode x is one token's heads: 8 to 64 vectors. Upstream
+// sends such products to cuBLAS or its tensor-core f32 kernel, 5-8 us each (ncu, H100,
+// 2026-11-23), four per layer: 0.8 ms of every decoded token of an 8B model. Here a block takes
+// 32 rows of A and 8 vectors: it loads both into shared memory with every load in flight at once
+// (A comes from DRAM: a first version that walked A's rows in a loop waited for DRAM eight times
+// and was slower than cuBLAS), then each thread forms two outputs.
+// Reference: ggml's mul_mat, dst[i + j*d] = sum_k A[k + i*d] x[k + j*d].
+
+#define OSCAR_ROT_ROWS     32   // rows of A (outputs per vector) per block
+#define OSCAR_ROT_COLS     8    // vectors per block
+#define OSCAR_ROT_THREADS  128  // = OSCAR_ROT_ROWS*OSCAR_ROT_COLS/2: two outputs per thread
+#define OSCAR_ROT_MAX_COLS 256  // more (prefill) go to upstream's GEMM, built for that
+
+template <int D>
+static __global__ void k_rotate_cols(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ dst, const int n_cols) {
+    constexpr int D4 = D/4, P4 = D4 + 1; // rows padded by one float4: no bank conflicts below
+    __shared__ float4 sa[OSCAR_ROT_ROWS*P4];
+    __shared__ float4 sx[OSCAR_ROT_COLS][D4];
+    const int t  = threadIdx.x;
+    const int i0 = blockIdx.x*OSCAR_ROT_ROWS;
+    const int j0 = blockIdx.y*OSCAR_ROT_COLS;
+    const int nc = min(OSCAR_ROT_COLS, n_cols - j0);
+    const float4 * a4 = (const float4 *) (A + (int64_t) i0*D);
+    const float4 * x4 = (const float4 *) (x + (int64_t) j0*D);
+#pragma unroll
+    for (int e = t; e < OSCAR_ROT_ROWS*D4; e += OSCAR_ROT_THREADS) {
+        sa[(e / D4)*P4 + e % D4] = a4[e];
+    }
+#pragma unroll
+    for (int e = t; e < OSCAR_ROT_COLS*D4; e += OSCAR_ROT_THREADS) {
+        sx[e / D4][e % D4] = e / D4 < nc ? x4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __syncthreads();
+    const int r = t % OSCAR_ROT_ROWS;       // the output row of this thread
+    const int c = 2*(t / OSCAR_ROT_ROWS);   // its two vectors (one per warp pair: broadcast reads)
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 8
+    for (int k4 = 0; k4 < D4; ++k4) {
+        const float4 av = sa[r*P4 + k4], x0 = sx[c][k4], x1 = sx[c + 1][k4];
+        acc0 += av.x*x0.x + av.y*x0.y + av.z*x0.z + av.w*x0.w;
+        acc1 += av.x*x1.x + av.y*x1.y + av.z*x1.z + av.w*x1.w;
+    }
+    if (c < nc) {
+        dst[(int64_t) (j0 + c)*D + i0 + r] = acc0;
+    }
+    if (c + 1 < nc) {
+        dst[(int64_t) (j0 + c + 1)*D + i0 + r] = acc1;
+    }
+}
+
+// a tagged rotation this kernel takes: both operands f32 and contiguous, A square of a head size
+static bool rotation_ok(const ggml_tensor * dst) {
+    int32_t tag;
+    memcpy(&tag, dst->op_params, sizeof(tag));
+    const ggml_tensor * A = dst->src[0], * x = dst->src[1];
+    const int64_t d = A->ne[0];
+    return tag == OSCAR2_ROTATION_TAG && A->type == GGML_TYPE_F32 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
+        (d == 64 || d == 128 || d == 256) && A->ne[1] == d && ggml_nrows(A) == d && x->ne[0] == d &&
+        ggml_nrows(x) <= OSCAR_ROT_MAX_COLS && ggml_is_contiguous(A) && ggml_is_contiguous(x) && ggml_is_contiguous(dst);
+}
+
+static void rotate_cols(const ggml_tensor * dst, cudaStream_t stream) {
+    const ggml_tensor * A = dst->src[0], * x = dst->src[1];
+    const int n = (int) ggml_nrows(x);
+    const int d = (int) A->ne[0];
+    const dim3 grid(d/OSCAR_ROT_ROWS, (n + OSCAR_ROT_COLS - 1)/OSCAR_ROT_COLS);
+    const float * a = (const float *) A->data, * xs = (const float *) x->data;
+    float * y = (float *) dst->data;
+    switch (d) {
+        case  64: k_rotate_cols< 64><<<grid, OSCAR_ROT_THREADS, 0, stream>>>(a, xs, y, n); break;
+        case 128: k_rotate_cols<128><<<grid, OSCAR_ROT_THREADS, 0, stream>>>(a, xs, y, n); break;
+        case 256: k_rotate_cols<256><<<grid, OSCAR_ROT_THREADS, 0, stream>>>(a, xs, y, n); break;
+    }
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- dispatch -----------------------------------------------------------------------------
@@ -1192,6 +1328,12 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
                 return false;
             }
             flash_attn(ctx, dst);
+            return true;
+        case GGML_OP_MUL_MAT:
+            if (!rotation_ok(dst)) {
+                return false;
+            }
+            rotate_cols(dst, ctx.stream());
             return true;
         default:
             return false;

@@ -4,21 +4,19 @@
 // Why: k_fa_int2 spends about 50 warp instructions per cache row (D = 128, 4 queries) on CUDA
 // cores; at long context it runs far below the memory roofline. Here both products of a row go
 // through mma.sync m16n8k32 (s8 x s8 -> s32), where the 2-bit codes are already small integers:
-//   scores  S[q][r] = dK_r qd_q (Q8_q . C_r) + mK_r qsum_q         (A = queries, B = K codes)
-//   output  O[q][e] = sum_r P'_qr CV_r[e] + sum_r p_qr mV_r        (A = P' = p dV, B = V codes)
+//   scores  S[q][r] = dK_r qd_q (Q8_q . C_r) + mK_r qsum_q          (A = queries, B = K codes)
+//   output  O[q][e] = sum_r CV_r[e] P'_qr + sum_r p_qr mV_r         (A = V codes, B = P' = p dV)
 // The query (per group) is an integer of 15 bits split into two int8 parts (x = 256 hi + lo), and
-// P' (per 32 rows and group) one of 23 bits in three parts, so each product is two or three mma
-// and exact in s32. The only roundings are those two quantizations. Emulated in numpy on the test
-// cases: the query's costs 3-8e-5 of the output (as k_fa_int2's int16 query), P''s 2-5e-7; P' in
-// 15 bits would have cost 1.3e-4, over the tests' 1e-4.
+// P' (per 32 rows and group) one of 23 bits in three parts, so each product is exact in s32. The
+// only roundings are those two quantizations. Emulated in numpy on the test cases: the query's
+// costs 3-8e-5 of the output (as k_fa_int2's int16 query), P''s 2-5e-7; P' in 15 bits would have
+// cost 1.3e-4, over the tests' 1e-4.
 //
-// Layout. A warp takes 32 rows per step: four K tiles of 8 rows. Lane (g = lane/4, qq = lane%4)
-// is query g of the block (A rows g < 8; rows 8..15 are zero) and, in the C fragments, owns rows
-// 8t + 2qq + e (t = 0..3, e = 0..1) of the step: their scores, softmax weights and headers. The
-// same 8 rows are its k positions of the V product, so P' needs no shuffle; for V the lane loads
-// one code word of each of those rows and transposes the bytes (prmt), so that 4 consecutive k
-// (rows) of one output column (head dim) sit in one register. Code byte b of a group holds
-// values b + s*G/4, s = 0..3, so a shift by 2s and a mask give 4 int8 codes of one s.
+// No A row is wasted: the K product stacks the query's hi parts (rows 0..7) over its lo parts
+// (rows 8..15), and the V product puts 16 head dims in A's rows. The first version (2026-11-23
+// morning) had queries in A rows 0..7 and zeros below for both products: 80 mma and about 1300
+// SASS instructions per 32-row step (4 queries, D = 128), a fifth of them moves; this layout
+// needs 40 mma. Details above the kernel.
 // The window's f16 rows, when there is a window, are blocks of the same launch (fa_partial_rows,
 // scheduled first), so they overlap with the INT2 rows instead of costing a second launch.
 
@@ -31,18 +29,6 @@
 static constexpr __host__ __device__ bool uses_int2_mma(ggml_type kt, ggml_type vt, int D, int nqb, ggml_type wt) {
     return kt == vt && (kt == GGML_TYPE_OSCAR2 || kt == GGML_TYPE_OSCAR2_64) && (D == 64 || D == 128) &&
            D % group_of(kt) == 0 && nqb <= 8 && (wt == GGML_TYPE_COUNT || wt == GGML_TYPE_F16);
-}
-
-// C[16x8] += A[16x32] B[32x8] in s8 -> s32; A rows 8..15 are zero here (a1 = a3 = 0)
-static __device__ __forceinline__ void mma_s8(int c[4], const int a0, const int a2, const int b0, const int b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(0), "r"(a2), "r"(0), "r"(b0), "r"(b1));
-#else
-    GGML_UNUSED(c); GGML_UNUSED(a0); GGML_UNUSED(a2); GGML_UNUSED(b0); GGML_UNUSED(b1);
-    NO_DEVICE_CODE;
-#endif
 }
 
 // four integers in [-128, 127] as the bytes of one register, first in the low byte
@@ -84,9 +70,41 @@ static __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2, WARP_SIZE);
 }
 
+// 16 bytes of shared memory as one ld.shared.v4, volatile so that the loop reads them each time
+// instead of keeping them in registers (the reason they live in shared memory)
+static __device__ __forceinline__ void lds_v4(const int * ptr, int & x0, int & x1, int & x2, int & x3) {
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3) : "r"((unsigned) __cvta_generic_to_shared(ptr)));
+}
+
+// C[16x8] += A[16x32] B[32x8] in s8 -> s32
+static __device__ __forceinline__ void mma_s8(int c[4], const int a0, const int a1, const int a2, const int a3,
+        const int b0, const int b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    GGML_UNUSED(c); GGML_UNUSED(a0); GGML_UNUSED(a1); GGML_UNUSED(a2); GGML_UNUSED(a3); GGML_UNUSED(b0); GGML_UNUSED(b1);
+    NO_DEVICE_CODE;
+#endif
+}
+
 // Grid (n_head_kv*ne3, n_win_split + n_split, n_query_groups), 4 warps. Blocks y < ns_win run the
 // window's rows (type WT; GGML_TYPE_COUNT: no window) through fa_partial_rows; the others take
 // rows_per_split cache rows each. Partials: cache splits first, then the window's.
+//
+// A step of a warp is 32 rows. Lane (g, qq) owns rows 4qq + i and 16 + 4qq + i (i = 0..3) of it:
+// they are the C entries of its query g in the K product (K tile t, column 2qq + e is the row
+// 16(t/2) + 4qq + 2(t%2) + e, so own row 2t + e), the k positions of its B (P') and A (V codes)
+// fragments in the V product. So nothing moves between lanes but the per-query scales.
+//   K product: A = [query hi parts (rows 0..7); query lo parts (rows 8..15)], B = K codes, so one
+//              mma gives both halves: score = 256 C[g] + C[g + 8].
+//   V product: O^T = V^T P'^T: A = V codes (16 head dims x 32 rows), B = P' (32 rows x 8 queries),
+//              three mma for P''s three parts. Lane (g, qq) loads one code word of each own row
+//              and byte-transposes 4 rows at a time (prmt); its A rows g and g+8 of V tile mt
+//              are head dims vdim(g, mt, 0) and vdim(g, mt, 1) (see below). C gives it those dims
+//              of queries 2qq and 2qq + 1.
 template <int D, ggml_type T, ggml_type WT, int NQB>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
 static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int rows_per_split,
@@ -107,14 +125,14 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     constexpr int KB  = CB/4;      // code bytes of a group a lane takes for K (one quarter)
     constexpr int NW  = KB/4;      // ... as words: 2 (G = 128) or 1 (G = 64)
     constexpr int NC  = G/32;      // k32 steps per group
-    constexpr int NTV = G/8;       // V tiles (8 head dims each) per group
+    constexpr int NTV = G/16;      // V tiles (16 head dims each) per group
     constexpr int R   = OSCAR_MMA_ROWS;
     static_assert(NW >= 1 && 2*NC == 4*NW && NG >= 1, "group layout");
 
     const int lane  = threadIdx.x;
     const int w     = threadIdx.y;
-    const int g     = lane / 4;    // the lane's query, and its K row within a tile
-    const int qq    = lane % 4;    // the lane's quarter of a group (K), its rows 2qq, 2qq+1 of a tile
+    const int g     = lane / 4;    // the lane's query, its K tile column, its V tile rows g and g+8
+    const int qq    = lane % 4;    // the lane's quarter of a group (K), its own rows 4qq + i, 16 + 4qq + i
     const int hkv   = blockIdx.x % p.n_head_kv;
     const int s3    = blockIdx.x / p.n_head_kv;
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
@@ -130,13 +148,16 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     // K element of the lane's register li (0..2NC-1) of a group, byte i: register li is word
     // li % NW of the lane's quarter shifted by 2*(li / NW); k32 step c uses registers 2c and 2c+1
     auto k_elem = [&](int li, int i) { return qq*KB + (li % NW)*4 + i + (li / NW)*CB; };
+    // V: code byte b of a group holds head dims b + s*G/4 (s = 0..3). For tile mt the lane takes
+    // byte jv(mt) of its word and shifts sv(mt) (A row g) and sv(mt) + 1 (A row g + 8)
+    const int vword = G == 128 ? g : g % 4; // the V code word of a row this lane loads
+    auto jv = [&](int mt) { return G == 128 ? mt % 4 : mt; };
+    auto sv = [&](int mt) { return G == 128 ? 2*(mt / 4) : 2*(g / 4); };
 
-    // the query of this lane (g), per group: 15-bit integers split into int8 halves in A layout.
-    // They stay in shared memory (read volatile, so not hoisted back into registers): 16 registers
-    // fewer is what lets OSCAR_MMA_BLOCKS_PER_SM blocks fit without spilling the loop's state.
-    __shared__ int sh_aq[OSCAR_FA_WARPS][NG][NC][2][2][WARP_SIZE]; // [w][gi][c][a0|a2][hi|lo][lane]
-    volatile int * aq = &sh_aq[w][0][0][0][0][lane];
-    auto aq_at = [&](int gi, int c, int k, int part) { return aq[(((gi*NC + c)*2 + k)*2 + part)*WARP_SIZE]; };
+    // the query of this lane (g), per group: 15-bit integers x = 256 hi + lo, as the A fragment
+    // {hi, lo, hi, lo} of each k32 step (A rows g and g + 8). In shared memory, read volatile:
+    // 16 registers fewer is what lets OSCAR_MMA_BLOCKS_PER_SM blocks fit without spilling.
+    __shared__ int4 sh_aq[OSCAR_FA_WARPS][NG][NC][WARP_SIZE];
     float qd[NG], qs[NG];
     {
         const float * qptr = (const float *) (p.Q + (qok ? tok : tok0)*p.nbq1 + (qok ? head : hkv*p.gqa)*p.nbq2 + s3*p.nbq3);
@@ -157,53 +178,54 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             qd[gi] = amax/OSCAR_MMA_QMAX;
             const float inv = amax > 0.0f ? OSCAR_MMA_QMAX/amax : 0.0f;
 #pragma unroll
-            for (int li = 0; li < 2*NC; ++li) {
-                int h[4], l[4];
+            for (int c = 0; c < NC; ++c) {
+                int h[2][4], l[2][4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    split_s15(__float2int_rn(x[li][i]*inv), h[i], l[i]);
+                for (int k = 0; k < 2; ++k) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        split_s15(__float2int_rn(x[2*c + k][i]*inv), h[k][i], l[k][i]);
+                    }
                 }
-                aq[(((gi*NC + li/2)*2 + li%2)*2 + 0)*WARP_SIZE] = pack_s8(h[0], h[1], h[2], h[3]);
-                aq[(((gi*NC + li/2)*2 + li%2)*2 + 1)*WARP_SIZE] = pack_s8(l[0], l[1], l[2], l[3]);
+                sh_aq[w][gi][c][lane] = make_int4(pack_s8(h[0][0], h[0][1], h[0][2], h[0][3]), pack_s8(l[0][0], l[0][1], l[0][2], l[0][3]),
+                                                  pack_s8(h[1][0], h[1][1], h[1][2], h[1][3]), pack_s8(l[1][0], l[1][1], l[1][2], l[1][3]));
             }
         }
     }
+    __syncwarp();
 
-    // online softmax state of query g; acc holds the lane's output columns (see the end)
-    float M = -INFINITY, S = 0.0f, am[NG], acc[NG][NTV][2];
+    // online softmax state of query g (M, S, am: sum of p mV per group, in the lanes of query g);
+    // acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq (k even) and 2qq + 1, dims vdim
+    float M = -INFINITY, S = 0.0f, am[NG], acc[NG][NTV][4];
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = 0.0f;
 #pragma unroll
-        for (int tv = 0; tv < NTV; ++tv) {
-            acc[gi][tv][0] = acc[gi][tv][1] = 0.0f;
+        for (int mt = 0; mt < NTV; ++mt) {
+            acc[gi][mt][0] = acc[gi][mt][1] = acc[gi][mt][2] = acc[gi][mt][3] = 0.0f;
         }
     }
 
     const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
     const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
     const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
-    const int vword = G == 128 ? g : g % 4; // the V code word of a row this lane loads
     const int nbk1 = (int) src.nbk1, nbv1 = (int) src.nbv1; // row strides: (int64) r*nb1 is one IMAD.WIDE
+    const int rlast = r1 - 1; // rows past the end read this row (in range) and are masked
 
-    // one step's code words, loaded a step ahead. Own rows i = 0..7 are rb + 8*(i/2) + 2qq + i%2
-    // (t = i/2, e = i%2). The headers and the mask are read when the step is used: the code loads
-    // have brought the headers' lines into L1 (the warp's code loads cover all 32 rows).
+    // one step's code words, loaded a step ahead. Own row i (0..7) is rb + 16(i/4) + 4qq + i%4.
+    // The headers and the mask are loaded at the start of the step that uses them: the code
+    // loads have brought the headers' lines into L1, and the K product hides their latency.
     struct step {
-        uint32_t kw[4][NG][NW]; // K codes: tile t, row rb + 8t + g
+        uint32_t kw[4][NG][NW]; // K codes: tile t, row rb + 16(t/2) + 4(g/2) + 2(t%2) + g%2
         uint32_t vw[8][NG];     // V codes of own rows
     };
     // the int8 codes of K register li of a lane (see k_elem)
     auto kcodes = [&](const uint32_t * kw, int li) { return (int) ((kw[li % NW] >> (2*(li / NW))) & 0x03030303u); };
-    auto own_row = [&](int rb, int i) {
-        const int r = rb + 8*(i/2) + 2*qq + i%2;
-        return r < r1 ? r : r0; // rows past the end: an in-range row, loaded and then masked
-    };
+    auto own_row = [&](int rb, int i) { return min(rb + 16*(i/4) + 4*qq + i%4, rlast); };
     auto load_step = [&](step & st, const int rb) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const int r = rb + 8*t + g;
-            const char * kr = Kh + (int64_t) (r < r1 ? r : r0)*nbk1;
+            const char * kr = Kh + (int64_t) min(rb + 16*(t/2) + 4*(g/2) + 2*(t%2) + g%2, rlast)*nbk1;
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
 #pragma unroll
@@ -233,38 +255,49 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         if (rb + STEP < r1) {
             load_step(nxt, rb + STEP);
         }
-        // the mask of the own rows, issued first; then their scores
-        float mk[8], sc[8];
+        // the mask and the headers of the own rows, issued first
+        float mk[8];
+        half2 kdm[8][NG], vdm[8][NG];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const int r = rb + 8*(i/2) + 2*qq + i%2;
+            const int r = rb + 16*(i/4) + 4*qq + i%4;
             mk[i] = (qok && r < r1) ? (mask_q ? __half2float(mask_q[r]) : 0.0f) : -INFINITY;
+            const char * kr = Kh + (int64_t) own_row(rb, i)*nbk1;
+            const char * vr = Vh + (int64_t) own_row(rb, i)*nbv1;
+#pragma unroll
+            for (int gi = 0; gi < NG; ++gi) {
+                kdm[i][gi] = *(const half2 *) (kr + gi*BY);
+                vdm[i][gi] = *(const half2 *) (vr + gi*BY);
+            }
+        }
+        float sc[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
             sc[i] = 0.0f;
         }
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
+        for (int gi = 0; gi < NG; ++gi) {
+            int cc[4][4];
 #pragma unroll
-            for (int gi = 0; gi < NG; ++gi) {
-                // the hi products, times 256, then the lo ones into the same accumulator:
-                // one live C fragment (the product is at most 32512*3*G, far from 2^31)
-                int cc[4] = {0, 0, 0, 0};
+            for (int t = 0; t < 4; ++t) {
+                cc[t][0] = cc[t][1] = cc[t][2] = cc[t][3] = 0;
+            }
 #pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                    mma_s8(cc, aq_at(gi, c, 0, 0), aq_at(gi, c, 1, 0), kcodes(cur.kw[t][gi], 2*c), kcodes(cur.kw[t][gi], 2*c + 1));
+            for (int c = 0; c < NC; ++c) {
+                int a0, a1, a2, a3;
+                lds_v4(&sh_aq[w][gi][c][lane].x, a0, a1, a2, a3);
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    mma_s8(cc[t], a0, a1, a2, a3, kcodes(cur.kw[t][gi], 2*c), kcodes(cur.kw[t][gi], 2*c + 1));
                 }
+            }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    cc[e] *= 256;
-                }
-#pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                    mma_s8(cc, aq_at(gi, c, 0, 1), aq_at(gi, c, 1, 1), kcodes(cur.kw[t][gi], 2*c), kcodes(cur.kw[t][gi], 2*c + 1));
-                }
+            for (int t = 0; t < 4; ++t) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const char * kr = Kh + (int64_t) own_row(rb, 2*t + e)*nbk1;
-                    const float2 dm = __half22float2(*(const half2 *) (kr + gi*BY));
-                    sc[2*t + e] += dm.x*(qd[gi]*(float) cc[e]) + dm.y*qs[gi];
+                    // the product is at most 32512*3*G in magnitude: 256 hi + lo is far from 2^31
+                    const float2 dm = __half22float2(kdm[2*t + e][gi]);
+                    sc[2*t + e] += dm.x*(qd[gi]*(float) (256*cc[t][e] + cc[t][2 + e])) + dm.y*qs[gi];
                 }
             }
         }
@@ -280,19 +313,23 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             cmax = fmaxf(cmax, sc[i]);
         }
         cmax = quad_max(cmax); // the 4 lanes of query g hold its 32 rows
-        if (cmax > M) {
-            const float cf = expf(M - cmax);
+        const bool grow = cmax > M;
+        if (__any_sync(0xffffffff, grow)) {
+            // the output entries of queries 2qq and 2qq + 1 live in this lane: their factors
+            const float cf  = grow ? expf(M - cmax) : 1.0f;
+            const float cfa = __shfl_sync(0xffffffff, cf, 8*qq,     WARP_SIZE);
+            const float cfb = __shfl_sync(0xffffffff, cf, 8*qq + 4, WARP_SIZE);
             S *= cf;
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 am[gi] *= cf;
 #pragma unroll
-                for (int tv = 0; tv < NTV; ++tv) {
-                    acc[gi][tv][0] *= cf;
-                    acc[gi][tv][1] *= cf;
+                for (int mt = 0; mt < NTV; ++mt) {
+                    acc[gi][mt][0] *= cfa; acc[gi][mt][2] *= cfa;
+                    acc[gi][mt][1] *= cfb; acc[gi][mt][3] *= cfb;
                 }
             }
-            M = cmax;
+            M = grow ? cmax : M;
         }
         float pr[8];
 #pragma unroll
@@ -306,8 +343,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             float pv[8], pmax = 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                const char * vr = Vh + (int64_t) own_row(rb, i)*nbv1;
-                const float2 dm = __half22float2(*(const half2 *) (vr + gi*BY));
+                const float2 dm = __half22float2(vdm[i][gi]);
                 pv[i] = pr[i] > 0.0f ? pr[i]*dm.x : 0.0f; // 0 * (bytes of a masked row) could be NaN
                 am[gi] += pr[i] > 0.0f ? pr[i]*dm.y : 0.0f;
                 pmax = fmaxf(pmax, fabsf(pv[i]));
@@ -315,63 +351,66 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             pmax = quad_max(pmax);
             const float inv = pmax > 0.0f ? OSCAR_MMA_PMAX/pmax : 0.0f;
             const float psc = pmax/OSCAR_MMA_PMAX;
+            const float psa = __shfl_sync(0xffffffff, psc, 8*qq,     WARP_SIZE); // query 2qq
+            const float psb = __shfl_sync(0xffffffff, psc, 8*qq + 4, WARP_SIZE); // query 2qq + 1
             int h[8], m[8], l[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 split_s23(__float2int_rn(pv[i]*inv), h[i], m[i], l[i]);
             }
-            const int a0h = pack_s8(h[0], h[1], h[2], h[3]), a2h = pack_s8(h[4], h[5], h[6], h[7]);
-            const int a0m = pack_s8(m[0], m[1], m[2], m[3]), a2m = pack_s8(m[4], m[5], m[6], m[7]);
-            const int a0l = pack_s8(l[0], l[1], l[2], l[3]), a2l = pack_s8(l[4], l[5], l[6], l[7]);
-            // V codes: k = own rows 0..3 (b0) and 4..7 (b1) of output column g
+            // B: k = own rows 0..3 (b0) and 4..7 (b1) of query g
+            const int b0h = pack_s8(h[0], h[1], h[2], h[3]), b1h = pack_s8(h[4], h[5], h[6], h[7]);
+            const int b0m = pack_s8(m[0], m[1], m[2], m[3]), b1m = pack_s8(m[4], m[5], m[6], m[7]);
+            const int b0l = pack_s8(l[0], l[1], l[2], l[3]), b1l = pack_s8(l[4], l[5], l[6], l[7]);
+            // A: x0[j] (x1[j]) holds byte j of the code word of own rows 0..3 (4..7), row i in byte i
             uint32_t x0[4], x1[4];
             transpose_bytes(cur.vw[0][gi], cur.vw[1][gi], cur.vw[2][gi], cur.vw[3][gi], x0);
             transpose_bytes(cur.vw[4][gi], cur.vw[5][gi], cur.vw[6][gi], cur.vw[7][gi], x1);
 #pragma unroll
-            for (int tv = 0; tv < NTV; ++tv) {
-                // tile tv is code byte j, shift s of the lane's word: G = 128 all four bytes;
-                // G = 64 (4 words per group) bytes g/4 and 2 + g/4, so 8 lanes cover 8 columns
-                const int s = G == 128 ? tv / 4 : tv / 2;
-                uint32_t y0, y1;
-                if constexpr (G == 128) {
-                    y0 = x0[tv % 4];
-                    y1 = x1[tv % 4];
-                } else {
-                    y0 = g < 4 ? x0[2*(tv % 2)] : x0[2*(tv % 2) + 1];
-                    y1 = g < 4 ? x1[2*(tv % 2)] : x1[2*(tv % 2) + 1];
-                }
-                const int b0 = (int) ((y0 >> (2*s)) & 0x03030303u);
-                const int b1 = (int) ((y1 >> (2*s)) & 0x03030303u);
+            for (int mt = 0; mt < NTV; ++mt) {
+                const int j = jv(mt), s = sv(mt);
+                const int a0 = (int) ((x0[j] >> (2*s))     & 0x03030303u);
+                const int a1 = (int) ((x0[j] >> (2*s + 2)) & 0x03030303u);
+                const int a2 = (int) ((x1[j] >> (2*s))     & 0x03030303u);
+                const int a3 = (int) ((x1[j] >> (2*s + 2)) & 0x03030303u);
                 // hi, *256, mid, *256, lo in one accumulator (at most 8323072*3*32 < 2^31)
                 int cc[4] = {0, 0, 0, 0};
-                mma_s8(cc, a0h, a2h, b0, b1);
-                cc[0] *= 256; cc[1] *= 256;
-                mma_s8(cc, a0m, a2m, b0, b1);
-                cc[0] *= 256; cc[1] *= 256;
-                mma_s8(cc, a0l, a2l, b0, b1);
-                acc[gi][tv][0] += psc*(float) cc[0];
-                acc[gi][tv][1] += psc*(float) cc[1];
+                mma_s8(cc, a0, a1, a2, a3, b0h, b1h);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    cc[k] *= 256;
+                }
+                mma_s8(cc, a0, a1, a2, a3, b0m, b1m);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    cc[k] *= 256;
+                }
+                mma_s8(cc, a0, a1, a2, a3, b0l, b1l);
+                acc[gi][mt][0] += psa*(float) cc[0];
+                acc[gi][mt][1] += psb*(float) cc[1];
+                acc[gi][mt][2] += psa*(float) cc[2];
+                acc[gi][mt][3] += psb*(float) cc[3];
             }
         }
         cur = nxt;
     }
 
-    // the lane's output columns: C column n = 2qq + e of tile tv is the column that lane g' = n
-    // supplied as B, i.e. head dim gi*G + (G = 128) 4n + tv%4 + 32(tv/4)
-    //                                   (G =  64) 4(n%4) + 2(tv%2) + n/4 + 16(tv/2)
+    // C entry k of V tile mt: query 2qq + k%2, head dim gi*G + vdim(mt, k/2) with
+    //   (G = 128) 4g + mt%4 + 32(2(mt/4) + k/2)     (G = 64) 4(g%4) + mt + 16(2(g/4) + k/2)
     S = quad_sum(S);
     __shared__ float sh_ml[OSCAR_FA_WARPS][8][2];
     __shared__ float sh_acc[OSCAR_FA_WARPS][8][D];
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = quad_sum(am[gi]);
+        const float ama = __shfl_sync(0xffffffff, am[gi], 8*qq,     WARP_SIZE);
+        const float amb = __shfl_sync(0xffffffff, am[gi], 8*qq + 4, WARP_SIZE);
 #pragma unroll
-        for (int tv = 0; tv < NTV; ++tv) {
+        for (int mt = 0; mt < NTV; ++mt) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int n = 2*qq + e;
-                const int d = G == 128 ? 4*n + tv % 4 + 32*(tv / 4) : 4*(n % 4) + 2*(tv % 2) + n / 4 + 16*(tv / 2);
-                sh_acc[w][g][gi*G + d] = acc[gi][tv][e] + am[gi];
+            for (int k = 0; k < 4; ++k) {
+                const int d = (G == 128 ? 4*g : 4*(g % 4)) + jv(mt) + (G/4)*(sv(mt) + k/2);
+                sh_acc[w][2*qq + k%2][gi*G + d] = acc[gi][mt][k] + (k % 2 ? amb : ama);
             }
         }
     }

@@ -9,7 +9,10 @@
 #include "llama-kv-cache.h"
 #include "../oscar2.h"
 
+#include "ggml-cpp.h"
+
 #include <memory>
+#include <utility>
 #include <vector>
 
 enum llama_oscar_rot_mode {
@@ -23,12 +26,23 @@ struct llama_oscar_window; // llama-oscar-window.h
 struct llama_oscar_kv {
     llama_oscar_rot_mode rot_mode = LLAMA_OSCAR_ROT_GGUF;
 
+    // rotations for f16/bf16/f32 layers too (env OSCAR_ROT_FLOAT_CACHE=1): no quality change and
+    // slower, but it lets tests check the rotation wiring exactly, with no quantization in between
+    bool rot_float = false;
+
     // clip ratios by model layer index
     std::vector<float> clip_k;
     std::vector<float> clip_v;
 
     // high-precision sink + recent window; null when disabled
     std::shared_ptr<llama_oscar_window> window;
+
+    // R^T of each layer's calibrated K and V rotation (by model layer; null where none), made
+    // once when the context is created: x @ R is ggml_mul_mat(R^T, x), and a transpose in the
+    // graph would cost one more kernel per rotation, layer and token
+    std::vector<ggml_tensor *> rot_t_k;
+    std::vector<ggml_tensor *> rot_t_v;
+    std::vector<std::pair<ggml_context_ptr, ggml_backend_buffer_ptr>> rot_t_bufs;
 };
 
 struct llama_oscar_kv_access {

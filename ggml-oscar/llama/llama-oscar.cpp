@@ -28,7 +28,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -270,11 +272,70 @@ static bool model_has_rotations(const llama_model & model) {
     return false;
 }
 
+// R^T of every f32 layer rotation, in the rotation's own buffer type (its device)
+static void make_transposed_rotations(llama_oscar_kv & oscar, const llama_model & model) {
+    const size_t n_layer = model.layers.size();
+    oscar.rot_t_k.assign(n_layer, nullptr);
+    oscar.rot_t_v.assign(n_layer, nullptr);
+    // no data: a model loaded without weights (the tools' memory-fitting dry run); the graph
+    // then transposes as it goes
+    auto usable = [](const ggml_tensor * r) {
+        return r && r->type == GGML_TYPE_F32 && r->buffer && r->data && ggml_is_contiguous(r) && r->ne[0] == r->ne[1];
+    };
+    std::map<ggml_backend_buffer_type_t, ggml_context_ptr> ctxs;
+    for (size_t il = 0; il < n_layer; ++il) {
+        for (bool v : { false, true }) {
+            const ggml_tensor * r = v ? model.layers[il].attn_v_rot : model.layers[il].attn_k_rot;
+            if (!usable(r)) {
+                continue;
+            }
+            ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(r->buffer);
+            auto it = ctxs.find(buft);
+            if (it == ctxs.end()) {
+                ggml_init_params params = { 2*n_layer*ggml_tensor_overhead(), nullptr, true };
+                it = ctxs.emplace(buft, ggml_context_ptr(ggml_init(params))).first;
+            }
+            ggml_tensor * rt = ggml_new_tensor_2d(it->second.get(), GGML_TYPE_F32, r->ne[0], r->ne[1]);
+            ggml_format_name(rt, "oscar_%s_rot_t-%zu", v ? "v" : "k", il);
+            (v ? oscar.rot_t_v : oscar.rot_t_k)[il] = rt;
+        }
+    }
+    for (auto & [buft, ctx] : ctxs) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft);
+        if (!buf) {
+            throw std::runtime_error("oscar: failed to allocate the transposed rotations");
+        }
+        oscar.rot_t_bufs.emplace_back(std::move(ctx), ggml_backend_buffer_ptr(buf));
+    }
+    std::vector<float> a, b;
+    for (size_t il = 0; il < n_layer; ++il) {
+        for (bool v : { false, true }) {
+            ggml_tensor * rt = (v ? oscar.rot_t_v : oscar.rot_t_k)[il];
+            if (!rt) {
+                continue;
+            }
+            const ggml_tensor * r = v ? model.layers[il].attn_v_rot : model.layers[il].attn_k_rot;
+            const int64_t d = r->ne[0];
+            a.resize(d*d);
+            b.resize(d*d);
+            ggml_backend_tensor_get(r, a.data(), 0, ggml_nbytes(r));
+            for (int64_t i = 0; i < d; ++i) {
+                for (int64_t j = 0; j < d; ++j) {
+                    b[j*d + i] = a[i*d + j];
+                }
+            }
+            ggml_backend_tensor_set(rt, b.data(), 0, ggml_nbytes(rt));
+        }
+    }
+}
+
 static void configure_cache(llama_kv_cache & kv, const llama_model & model, const llama_cparams & cparams) {
     auto oscar = std::make_shared<llama_oscar_kv>();
     const auto & hp = model.hparams;
 
     oscar->rot_mode = (llama_oscar_rot_mode) cparams.oscar_rot;
+    const char * rot_float = getenv("OSCAR_ROT_FLOAT_CACHE");
+    oscar->rot_float = rot_float && atoi(rot_float) != 0;
     oscar->clip_k.resize(hp.n_layer_all);
     oscar->clip_v.resize(hp.n_layer_all);
     for (uint32_t il = 0; il < hp.n_layer_all; ++il) {
@@ -282,6 +343,9 @@ static void configure_cache(llama_kv_cache & kv, const llama_model & model, cons
         oscar->clip_v[il] = cparams.oscar_clip_v > 0.0f ? cparams.oscar_clip_v : hp.oscar_clip_v[il];
     }
 
+    if (oscar->rot_mode == LLAMA_OSCAR_ROT_GGUF) {
+        make_transposed_rotations(*oscar, model);
+    }
     if (oscar->rot_mode == LLAMA_OSCAR_ROT_NONE) {
         // like LLAMA_ATTN_ROT_DISABLE: no calibrated rotation and no Hadamard
         llama_oscar_kv_access::attn_rot(kv, false, false);
@@ -350,17 +414,35 @@ ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip) {
 
 // ---- rotations in the graph ------------------------------------------------------------------
 
+// whether model layer il keeps its K (or V) in a quantized type in this cache
+static bool layer_quantized(const llama_kv_cache & kv, int32_t il, bool v) {
+    const auto & ids = llama_oscar_kv_access::map_layer_ids(kv);
+    const auto it = ids.find(il);
+    if (it == ids.end()) {
+        return false;
+    }
+    const auto & layer = llama_oscar_kv_access::layers(kv).at(it->second);
+    const ggml_tensor * t = v ? layer.v : layer.k;
+    return t && ggml_is_quantized(t->type);
+}
+
 static llama_oscar_rot layer_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had, bool v) {
     llama_oscar_rot rot;
     const auto & oscar = llama_oscar_kv_access::get(kv);
     const llama_oscar_rot_mode mode = oscar ? oscar->rot_mode : LLAMA_OSCAR_ROT_GGUF;
-    if (mode == LLAMA_OSCAR_ROT_NONE) {
+    // like upstream's Hadamard: a rotation only where the cache quantizes; for f16/bf16/f32 it
+    // would change nothing but the time (scores and outputs are the same in any orthonormal basis)
+    if (mode == LLAMA_OSCAR_ROT_NONE || (!(oscar && oscar->rot_float) && !layer_quantized(kv, il, v))) {
         return rot;
     }
     if (mode == LLAMA_OSCAR_ROT_GGUF) {
         const auto & model = llama_oscar_kv_access::model(kv);
         if (il >= 0 && (size_t) il < model.layers.size()) {
             rot.r = v ? model.layers[il].attn_v_rot : model.layers[il].attn_k_rot;
+            if (oscar) {
+                const auto & rt = v ? oscar->rot_t_v : oscar->rot_t_k;
+                rot.rt = (size_t) il < rt.size() ? rt[il] : nullptr;
+            }
         }
     }
     if (!rot.r) {
@@ -387,9 +469,11 @@ ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llam
     ggml_tensor * x2 = ggml_is_contiguous(x) ? ggml_reshape_2d(ctx, x, d, ggml_nelements(x)/d)
                                              : ggml_cont_2d(ctx, x, d, ggml_nelements(x)/d);
     // ggml_mul_mat(A, x) = x @ A^T for A stored row-major: with A = R this is x @ R^T (the
-    // inverse); for x @ R we multiply by R^T, made contiguous once per graph (d*d floats)
-    ggml_tensor * a = inverse ? rot.r : ggml_cont(ctx, ggml_transpose(ctx, rot.r));
+    // inverse); for x @ R we multiply by R^T, made once per context (or here, when there is none)
+    ggml_tensor * a = inverse ? rot.r : rot.rt ? rot.rt : ggml_cont(ctx, ggml_transpose(ctx, rot.r));
     ggml_tensor * y = ggml_mul_mat(ctx, a, x2);
+    const int32_t tag = OSCAR2_ROTATION_TAG;
+    memcpy(y->op_params, &tag, sizeof(tag));
     return ggml_reshape_4d(ctx, y, x->ne[0], x->ne[1], x->ne[2], x->ne[3]);
 }
 

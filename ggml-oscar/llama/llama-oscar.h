@@ -76,6 +76,7 @@ ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip);
 // calibrated R from the GGUF, or upstream's Hadamard (its own inverse), or none.
 struct llama_oscar_rot {
     ggml_tensor * r   = nullptr; // per-layer R, row-major as stored in the GGUF
+    ggml_tensor * rt  = nullptr; // R^T made once per context (llama_oscar_kv::rot_t_*), or null
     ggml_tensor * had = nullptr; // upstream Hadamard graph input
     explicit operator bool() const { return r != nullptr || had != nullptr; }
 };
