@@ -272,21 +272,36 @@ static bool model_has_rotations(const llama_model & model) {
     return false;
 }
 
-// R^T of every f32 layer rotation, in the rotation's own buffer type (its device)
-static void make_transposed_rotations(llama_oscar_kv & oscar, const llama_model & model) {
+// whether model layer il keeps its K (or V) in a quantized type in this cache
+static bool layer_quantized(const llama_kv_cache & kv, int32_t il, bool v) {
+    const auto & ids = llama_oscar_kv_access::map_layer_ids(kv);
+    const auto it = ids.find(il);
+    if (it == ids.end()) {
+        return false;
+    }
+    const auto & layer = llama_oscar_kv_access::layers(kv).at(it->second);
+    const ggml_tensor * t = v ? layer.v : layer.k;
+    return t && ggml_is_quantized(t->type);
+}
+
+// R^T of the f32 layer rotations this cache applies (its quantized layers, or all of its layers
+// with rot_float), in the rotation's own buffer type (its device)
+static void make_transposed_rotations(llama_oscar_kv & oscar, const llama_kv_cache & kv, const llama_model & model) {
     const size_t n_layer = model.layers.size();
     oscar.rot_t_k.assign(n_layer, nullptr);
     oscar.rot_t_v.assign(n_layer, nullptr);
+    const auto & ids = llama_oscar_kv_access::map_layer_ids(kv);
     // no data: a model loaded without weights (the tools' memory-fitting dry run); the graph
     // then transposes as it goes
-    auto usable = [](const ggml_tensor * r) {
-        return r && r->type == GGML_TYPE_F32 && r->buffer && r->data && ggml_is_contiguous(r) && r->ne[0] == r->ne[1];
+    auto usable = [&](const ggml_tensor * r, size_t il, bool v) {
+        const bool applied = oscar.rot_float ? ids.count((int32_t) il) > 0 : layer_quantized(kv, (int32_t) il, v);
+        return applied && r && r->type == GGML_TYPE_F32 && r->buffer && r->data && ggml_is_contiguous(r) && r->ne[0] == r->ne[1];
     };
     std::map<ggml_backend_buffer_type_t, ggml_context_ptr> ctxs;
     for (size_t il = 0; il < n_layer; ++il) {
         for (bool v : { false, true }) {
             const ggml_tensor * r = v ? model.layers[il].attn_v_rot : model.layers[il].attn_k_rot;
-            if (!usable(r)) {
+            if (!usable(r, il, v)) {
                 continue;
             }
             ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(r->buffer);
@@ -344,7 +359,7 @@ static void configure_cache(llama_kv_cache & kv, const llama_model & model, cons
     }
 
     if (oscar->rot_mode == LLAMA_OSCAR_ROT_GGUF) {
-        make_transposed_rotations(*oscar, model);
+        make_transposed_rotations(*oscar, kv, model);
     }
     if (oscar->rot_mode == LLAMA_OSCAR_ROT_NONE) {
         // like LLAMA_ATTN_ROT_DISABLE: no calibrated rotation and no Hadamard
@@ -413,18 +428,6 @@ ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip) {
 }
 
 // ---- rotations in the graph ------------------------------------------------------------------
-
-// whether model layer il keeps its K (or V) in a quantized type in this cache
-static bool layer_quantized(const llama_kv_cache & kv, int32_t il, bool v) {
-    const auto & ids = llama_oscar_kv_access::map_layer_ids(kv);
-    const auto it = ids.find(il);
-    if (it == ids.end()) {
-        return false;
-    }
-    const auto & layer = llama_oscar_kv_access::layers(kv).at(it->second);
-    const ggml_tensor * t = v ? layer.v : layer.k;
-    return t && ggml_is_quantized(t->type);
-}
 
 static llama_oscar_rot layer_rot(const llama_kv_cache & kv, int32_t il, ggml_tensor * had, bool v) {
     llama_oscar_rot rot;
