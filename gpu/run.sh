@@ -7,6 +7,7 @@
 #   bash gpu/run.sh all           build + test + bench
 #   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
+#   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
 #
@@ -40,7 +41,7 @@ build() {
             > "$OUT/cmake.log" 2>&1 || { log "cmake failed"; tail -30 "$OUT/cmake.log"; return 1; }
     fi
     local t0=$(date +%s)
-    ninja -C "$B" -k 0 -j"$(nproc)" test-backend-ops llama-bench llama-cli llama-perplexity > "$OUT/build.log" 2>&1 \
+    ninja -C "$B" -k 0 -j"$(nproc)" ${TARGETS:-test-backend-ops llama-bench llama-cli llama-perplexity} > "$OUT/build.log" 2>&1 \
         || { log "build failed"; grep -E "error|Error" "$OUT/build.log" | head -40; return 1; }
     log "build ok in $(( $(date +%s) - t0 )) s"
 }
@@ -164,51 +165,83 @@ multi() {
 }
 
 # environment: SHAPE (llama3-8b, qwen3-8b, ...), TYPES, TG (tokens per tg test), REPS
-# profile [DEPTH]: (1) ncu per-kernel GPU time of a short decode at depth 0, f16 against oscar2,
-# summed by kernel name: what oscar2 adds per token; (2) llama-bench at DEPTH (default 16384) for
-# oscar2 with the window and/or the calibrated rotations turned off, beside f16 and plain oscar2
-profile() {
-    local depth=${1:-16384} shape=${SHAPE:-llama3-8b}
-    pyenv
+
+# synth_model: the random-weight Q4_0 model of SHAPE with random rotations, made once per machine;
+# prints its path
+synth_model() {
+    local shape=${SHAPE:-llama3-8b}
     local M=/tmp/$shape-q4_0.gguf
     if [ ! -f $M ]; then
         python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
-            > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log"; return 1; }
+            > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log" >&2; return 1; }
     fi
+    echo $M
+}
+
+# profile [DEPTH]: where decode time goes.
+#  (1) ncu GPU time per kernel of 8 decoded tokens, f16 against oscar2, at depth 0 and at DEPTH
+#      (default 16384; NCU_DEPTHS overrides both), per token and summed by kernel name: only the
+#      launches after the depth's prefill count (those after the last prefill attention kernel)
+#  (2) with DETAIL=1: ncu's detailed sections (throughput, stalls, occupancy) of the decode
+#      attention kernels at DEPTH
+#  (3) unless ABLATE=0: llama-bench at DEPTH for oscar2 with the window and/or the calibrated rotations turned off,
+#      beside f16 and plain oscar2
+profile() {
+    local depth=${1:-16384} M
+    pyenv
+    M=$(synth_model) || return 1
     local NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ]; then
-        for T in f16 oscar2; do
-            "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
-                "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -p 0 -n 8 -r 1 > "$OUT/ncu_$T.csv" 2> "$OUT/ncu_$T.err" \
-                || log "ncu $T failed: $(tail -3 "$OUT/ncu_$T.err")"
+        local T d
+        # at a depth only the attention kernels (the prefill's tell where the decode starts) and the
+        # rotations are timed: timing every launch of a long prefill takes minutes (depth 0 has all)
+        local filter='regex:flash_attn|k_fa_|k_rotate'
+        for d in ${NCU_DEPTHS:-0 $depth}; do
+            for T in f16 oscar2; do
+                "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
+                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T}_d$d.csv" 2> "$OUT/ncu_${T}_d$d.err" \
+                    || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T}_d$d.err")"
+            done
         done
-        python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+        python3 - "$OUT" ${NCU_DEPTHS:-0 $depth} <<'EOF' | tee -a "$OUT/summary.txt"
 import csv, sys, pathlib, collections, re
 out = pathlib.Path(sys.argv[1])
-def load(T):
-    t = collections.defaultdict(float); n = collections.Counter()
-    lines = (out / f"ncu_{T}.csv").read_text(errors="replace").splitlines()
+def load(T, d):
+    rows = []
+    lines = (out / f"ncu_{T}_d{d}.csv").read_text(errors="replace").splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    if start is None:
-        return t, n
-    for r in csv.DictReader(lines[start:]):
+    for r in csv.DictReader(lines[start:] if start is not None else []):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        name = re.sub(r"[<(].*", "", r["Kernel Name"]).strip()[:60]
         v = float(r["Metric Value"].replace(",", ""))
-        t[name] += v/1000.0 if r.get("Metric Unit") in ("ns", "nsecond") else v
-        n[name] += 1
-    return t, n
-for T in ("f16", "oscar2"):
-    t, n = load(T)
-    tot = sum(t.values())
-    print(f"ncu depth 0, {T}: {sum(n.values())} kernels, {tot:.0f} us GPU time in all (warm-up + 8 tokens); by name:")
-    for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:16]:
-        print(f"  {v:9.1f} us {n[k]:6d} x  {k}")
+        rows.append((re.sub(r"^void ", "", re.sub(r"[<(].*", "", r["Kernel Name"]).strip())[:60],
+                     v/1000.0 if r.get("Metric Unit") in ("ns", "nsecond") else v))
+    # decode only: after the last launch of a prefill attention kernel (upstream's f16 mma/tile)
+    last = max((i for i, (n, _) in enumerate(rows) if n.startswith(("flash_attn_ext_f16", "flash_attn_tile"))), default=-1)
+    return rows[last + 1:]
+for d in sys.argv[2:]:
+    for T in ("f16", "oscar2"):
+        rows = load(T, d)
+        t = collections.defaultdict(float); n = collections.Counter()
+        for name, v in rows:
+            t[name] += v; n[name] += 1
+        tokens = 9  # llama-bench: a warm-up token + 8
+        print(f"ncu depth {d}, {T}: {len(rows)} decode kernels{' (attention and decode rotations only)' if d != '0' else ''}, {sum(t.values())/tokens:.0f} us GPU time per token; by name (us per token, per call):")
+        for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:16]:
+            print(f"  {v/tokens:8.1f} us/token {n[k]//tokens:4d} x {v/n[k]:7.2f} us  {k}")
 EOF
+        if [ "${DETAIL:-0}" = 1 ]; then
+            for T in ${DETAIL_TYPES:-f16 oscar2}; do
+                "$NCU" --clock-control none --set detailed -k regex:'k_fa_int2_mma|flash_attn_ext_vec|k_fa_combine|flash_attn_combine' \
+                    --launch-skip 64 --launch-count 4 \
+                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d $depth -p 0 -n 4 -r 1 > "$OUT/ncu_detail_${T}_d$depth.txt" 2>&1 \
+                    || log "ncu detail $T failed: $(tail -3 "$OUT/ncu_detail_${T}_d$depth.txt")"
+            done
+        fi
     else
         log "profile: no ncu on this machine"
     fi
+    [ "${ABLATE:-1}" = 1 ] || return 0
     log "profile at depth $depth: f16, oscar2, oscar2 without window, without rotations, without both"
     local name args
     for name in f16 oscar2 nowin norot nowin_norot; do
@@ -242,13 +275,9 @@ EOF
 
 bench() {
     local depths=${1:-0,4096,16384,32768}
-    local shape=${SHAPE:-llama3-8b} types=${TYPES:-f16 q8_0 q4_0 oscar2}
+    local shape=${SHAPE:-llama3-8b} types=${TYPES:-f16 q8_0 q4_0 oscar2} M
     pyenv
-    local M=/tmp/$shape-q4_0.gguf
-    if [ ! -f $M ]; then
-        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
-            > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log"; return 1; }
-    fi
+    M=$(synth_model) || return 1
     python3 - <<'EOF' | tee -a "$OUT/summary.txt"
 import torch, time
 x = torch.empty(2**30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
@@ -287,6 +316,32 @@ for kind in ("tg", "pp"):
 EOF
 }
 
+# quick: one call's worth of checking after a kernel change, for a tight device budget:
+# FLASH_ATTN_EXT CUDA vs CPU (the oscar cases of test-backend-ops), then f16 against oscar2:
+# tg64 at depths 0 and 32768, pp512 at 16384, and tg32 at 131072 last (the longest: a 131k prefill
+# per type), each line logged as soon as it is measured
+quick() {
+    local M
+    pyenv
+    M=$(synth_model) || return 1
+    "$B/bin/test-backend-ops" test -b CUDA0 -o FLASH_ATTN_EXT -p 'oscar' > "$OUT/test-backend-ops-fa.log" 2>&1
+    local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/test-backend-ops-fa.log")
+    log "test-backend-ops FLASH_ATTN_EXT (oscar) CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL; $(tail -1 <<< "$plain")"
+    grep -E ": FAIL$" <<< "$plain" | head -10 | tee -a "$OUT/summary.txt"
+    local T args
+    for args in "-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32"; do
+        for T in oscar2 f16; do
+            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T $args -r 1 -o csv 2> "$OUT/quick.err" \
+                | python3 -c "
+import csv, sys
+for r in csv.DictReader(sys.stdin):
+    kind = 'pp' if int(r['n_prompt']) else 'tg'
+    print(f\"quick $T {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
+" | while read -r line; do log "$line"; done
+        done
+    done
+}
+
 GPU_MODEL=${GPU_MODEL:-/tmp/oscar-full.gguf}
 case "${1:-all}" in
     build) build ;;
@@ -295,6 +350,7 @@ case "${1:-all}" in
     test)  build && assemble && test_gpu ;;
     bench) build && bench "${2:-}" ;;
     profile) build && profile "${2:-}" ;;
+    quick) build && quick ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40

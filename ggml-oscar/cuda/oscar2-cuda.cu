@@ -801,35 +801,110 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
 #include "oscar2-fa-mma.cuh"
 
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
+//
+// One block per query. The first version had D threads, each walking all partials three times
+// in loops of dependent loads: with the 69-113 partials of a long cache (the cache's splits plus
+// the window's) it took 29.5 us a call at 32k rows, more than the attention itself (27.6 us;
+// ncu, H100, 2026-11-23), and 4.9 us at depth 0. Here the block finds M and the weights once,
+// in parallel over the partials (shared memory), and the accumulation is spread over slices of
+// the partials as well as the head dims, so each thread has a few independent loads in flight.
+#define OSCAR_COMBINE_THREADS 256
+
 template <int D>
+__launch_bounds__(OSCAR_COMBINE_THREADS)
 static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
         const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head) {
+    constexpr int NT = OSCAR_COMBINE_THREADS;
+    constexpr int NW = NT/WARP_SIZE;
+    constexpr int TD = D < 128 ? D : 128; // threads along the head dims
+    constexpr int ED = D/TD;              // head dims per thread
+    constexpr int PS = NT/TD;             // slices of the partials
+    extern __shared__ float sh_w[];       // [n_part]: e^(M_s - M), 0 for an empty partial
+    __shared__ float sh_red[NW];
+    __shared__ float sh_acc[PS][D];
+    const int tid  = threadIdx.x;
+    const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int64_t qi = blockIdx.x;
-    const int head = qi % n_head;
     const float2 * ml = part_ml + qi*n_part;
+
     float Mx = -INFINITY;
-    for (int s = 0; s < n_part; ++s) {
+    for (int s = tid; s < n_part; s += NT) {
         Mx = fmaxf(Mx, ml[s].x);
     }
-    const float sink = sinks ? sinks[head] : -INFINITY;
+    Mx = warp_reduce_max(Mx);
+    if (lane == 0) {
+        sh_red[warp] = Mx;
+    }
+    __syncthreads();
+    Mx = sh_red[0];
+#pragma unroll
+    for (int i = 1; i < NW; ++i) {
+        Mx = fmaxf(Mx, sh_red[i]);
+    }
+    const float sink = sinks ? sinks[qi % n_head] : -INFINITY;
     Mx = fmaxf(Mx, sink);
-    float l = sinks ? expf(sink - Mx) : 0.0f;
-    if (Mx == -INFINITY) {
-        l = 0.0f;
-    } else {
-        for (int s = 0; s < n_part; ++s) {
-            l += ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - Mx)*ml[s].y;
-        }
+    __syncthreads(); // sh_red is reused
+
+    float l = 0.0f;
+    for (int s = tid; s < n_part; s += NT) {
+        const float2 v = ml[s];
+        const float w = v.x == -INFINITY ? 0.0f : expf(v.x - Mx); // (then Mx may be -inf too)
+        sh_w[s] = w;
+        l += w*v.y;
+    }
+    l = warp_reduce_sum(l);
+    if (lane == 0) {
+        sh_red[warp] = l;
+    }
+    __syncthreads();
+    l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+        l += sh_red[i];
+    }
+    if (sinks && Mx != -INFINITY) {
+        l += expf(sink - Mx);
     }
     const float inv = l > 0.0f ? 1.0f/l : 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0.0f;
-        if (Mx != -INFINITY) {
-            for (int s = 0; s < n_part; ++s) {
-                a += ml[s].x == -INFINITY ? 0.0f : expf(ml[s].x - Mx)*part_acc[(qi*n_part + s)*D + d];
-            }
+
+    const int td = tid % TD, ps = tid / TD;
+    const float * pa = part_acc + qi*n_part*D;
+    float a[ED];
+#pragma unroll
+    for (int e = 0; e < ED; ++e) {
+        a[e] = 0.0f;
+    }
+#pragma unroll 4
+    for (int s = ps; s < n_part; s += PS) {
+        const float w = sh_w[s];
+#pragma unroll
+        for (int e = 0; e < ED; ++e) {
+            const float x = pa[(int64_t) s*D + td + TD*e];
+            a[e] += w != 0.0f ? w*x : 0.0f; // an empty partial's bytes stay out of the sum
         }
-        dst[qi*D + d] = a*inv;
+    }
+#pragma unroll
+    for (int e = 0; e < ED; ++e) {
+        sh_acc[ps][td + TD*e] = a[e];
+    }
+    __syncthreads();
+    for (int d = tid; d < D; d += NT) {
+        float x = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PS; ++i) {
+            x += sh_acc[i][d];
+        }
+        dst[qi*D + d] = x*inv;
+    }
+}
+
+static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries, cudaStream_t stream) {
+    const size_t smem = (size_t) p.n_part*sizeof(float);
+    switch (D) {
+        case  64: k_fa_combine< 64><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 128: k_fa_combine<128><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 256: k_fa_combine<256><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
     }
 }
 
@@ -995,12 +1070,15 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
     const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
     if (mma) {
-        // one launch: the window's blocks come first and are short (16 f16 rows, one step per
-        // warp); the cache's splits fill a full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per SM, and
-        // those that find no free SM start a few microseconds late, when the window's are done.
-        // (Giving the window slots of its own left 27% of the SM cycles idle at 32k rows.)
+        // one launch: the window's blocks come first and are short (64 f16 rows, four steps of a
+        // warp, most of them masked: the window view spans every slot a prefill's ubatch used,
+        // 1024 rows after a 512-token ubatch, of which sink + recent are live); the cache's splits
+        // fill a full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per SM, and those that find no free
+        // SM start a few microseconds late, when the window's are done. (Giving the window slots
+        // of its own left 27% of the SM cycles idle at 32k rows. Blocks of 16 rows made 64 window
+        // partials per query at 32k, 57% of what the combine reads.)
         if (Kw) {
-            split((int) Kw->ne[1], 16, 4*n_sm, ns_win, rps_win);
+            split((int) Kw->ne[1], 64, 4*n_sm, ns_win, rps_win);
         }
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
     } else {
@@ -1050,12 +1128,7 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         }
         GGML_ASSERT(ok && "oscar2 attention: no kernel for the window types");
     }
-    const float * sk = sinks ? (const float *) sinks->data : nullptr;
-    switch (D) {
-        case  64: k_fa_combine< 64><<<n_queries,  64, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
-        case 128: k_fa_combine<128><<<n_queries, 128, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
-        case 256: k_fa_combine<256><<<n_queries, 128, 0, stream>>>(p.part_acc, p.part_ml, sk, (float *) dst->data, p.n_part, p.n_head); break;
-    }
+    launch_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, stream);
     CUDA_CHECK(cudaGetLastError());
 }
 
