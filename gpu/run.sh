@@ -54,12 +54,19 @@ pyenv() {
     export LLAMA_CPP_LIB_PATH="$B/bin"
 }
 
+# backend_ops OPS LOG: test-backend-ops, CUDA0 against CPU, for the oscar cases of OPS (comma-separated);
+# logs the counts and the failing cases
+backend_ops() {
+    "$B/bin/test-backend-ops" test -b CUDA0 -o "$1" -p 'oscar' > "$OUT/$2" 2>&1
+    # (the cases' lines only: the closing "Backend CUDA0: OK" is no case)
+    local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/$2" | grep -v '^ *Backend ')
+    log "test-backend-ops $1 (oscar) CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL, $(grep -c 'not supported' <<< "$plain") not supported; $(tail -2 "$OUT/$2" | tr '\n' ' ')"
+    grep -E ": FAIL$" <<< "$plain" | head -20 | tee -a "$OUT/summary.txt"
+}
+
 test_gpu() {
     local t0=$(date +%s)
-    "$B/bin/test-backend-ops" test -b CUDA0 -o SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT -p 'oscar' > "$OUT/test-backend-ops.log" 2>&1
-    local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/test-backend-ops.log")
-    log "test-backend-ops CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL, $(grep -c 'not supported' <<< "$plain") not supported; $(tail -2 <<< "$plain" | tr '\n' ' ')"
-    grep -E ": FAIL$" <<< "$plain" | head -20 | tee -a "$OUT/summary.txt"
+    backend_ops SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT test-backend-ops.log
 
     pyenv
     python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
@@ -324,10 +331,7 @@ quick() {
     local M
     pyenv
     M=$(synth_model) || return 1
-    "$B/bin/test-backend-ops" test -b CUDA0 -o FLASH_ATTN_EXT -p 'oscar' > "$OUT/test-backend-ops-fa.log" 2>&1
-    local plain=$(sed 's/\x1b\[[0-9;]*m//g' "$OUT/test-backend-ops-fa.log")
-    log "test-backend-ops FLASH_ATTN_EXT (oscar) CUDA0 vs CPU: $(grep -cE ': OK$' <<< "$plain") OK, $(grep -cE ': FAIL$' <<< "$plain") FAIL; $(tail -1 <<< "$plain")"
-    grep -E ": FAIL$" <<< "$plain" | head -10 | tee -a "$OUT/summary.txt"
+    backend_ops FLASH_ATTN_EXT test-backend-ops-fa.log
     local T args
     for args in "-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32"; do
         for T in oscar2 f16; do

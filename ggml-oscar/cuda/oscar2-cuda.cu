@@ -848,7 +848,7 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     float l = 0.0f;
     for (int s = tid; s < n_part; s += NT) {
         const float2 v = ml[s];
-        const float w = v.x == -INFINITY ? 0.0f : expf(v.x - Mx); // (then Mx may be -inf too)
+        const float w = v.x == -INFINITY ? 0.0f : expf(v.x - Mx); // an empty partial weighs 0 (also when Mx is -inf)
         sh_w[s] = w;
         l += w*v.y;
     }
