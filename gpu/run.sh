@@ -10,6 +10,9 @@
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
+#   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
+#                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch" then times each
+#                                 patch (against the repo, one at a time) after an incremental rebuild
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -346,6 +349,25 @@ for r in csv.DictReader(sys.stdin):
     done
 }
 
+# perf: the attention alone, no model and no prefill of the depth, so a kernel change is timed in
+# seconds; the cases are oscar2_add_backend_ops_perf (ggml-oscar/tests/oscar2-backend-ops.inc)
+perf() {
+    perf_once committed
+    local P
+    for P in ${PERF_PATCHES:-}; do
+        patch -p1 -s --dry-run < "$P" > /dev/null || { log "perf: $P does not apply"; continue; }
+        patch -p1 -s < "$P"
+        TARGETS=test-backend-ops build && backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$(basename "$P" .patch).log" \
+            && perf_once "$(basename "$P" .patch)"
+        patch -p1 -s -R < "$P"
+    done
+}
+
+perf_once() {
+    "$B/bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p 'oscar_f16_baseline|live=' > "$OUT/perf_$1.log" 2>&1
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/perf_$1.log" | grep -E "^ *FLASH_ATTN_EXT" | sed 's/^ *//' | while read -r line; do log "perf $1: $line"; done
+}
+
 GPU_MODEL=${GPU_MODEL:-/tmp/oscar-full.gguf}
 case "${1:-all}" in
     build) build ;;
@@ -355,6 +377,7 @@ case "${1:-all}" in
     bench) build && bench "${2:-}" ;;
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
+    perf)  build && perf ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40
