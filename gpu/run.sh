@@ -351,16 +351,32 @@ for r in csv.DictReader(sys.stdin):
 
 # perf: the attention alone, no model and no prefill of the depth, so a kernel change is timed in
 # seconds; the cases are oscar2_add_backend_ops_perf (ggml-oscar/tests/oscar2-backend-ops.inc)
+# (an entry a.patch+b.patch applies both)
 perf() {
     perf_once committed
-    local P
+    local P part name applied
     for P in ${PERF_PATCHES:-}; do
-        patch -p1 -s --dry-run < "$P" > /dev/null || { log "perf: $P does not apply"; continue; }
-        patch -p1 -s < "$P"
-        TARGETS=test-backend-ops build && backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$(basename "$P" .patch).log" \
-            && perf_once "$(basename "$P" .patch)"
-        patch -p1 -s -R < "$P"
+        name=$(tr '+' '\n' <<< "$P" | xargs -n1 basename | sed 's/\.patch$//' | paste -sd+)
+        applied=()
+        for part in ${P//+/ }; do
+            apply_patch "$part" && applied=("$part" "${applied[@]}") || { log "perf: $part does not apply"; break; }
+        done
+        if [ ${#applied[@]} = $(tr '+' '\n' <<< "$P" | wc -l) ]; then
+            TARGETS=test-backend-ops build && backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$name.log" && perf_once "$name"
+        fi
+        for part in "${applied[@]}"; do
+            apply_patch "$part" -R
+        done
     done
+}
+
+# apply_patch FILE [-R]: patch(1), or git apply where the machine has no patch
+apply_patch() {
+    if command -v patch > /dev/null; then
+        patch -p1 -s $2 < "$1"
+    else
+        git apply $2 "$1"
+    fi
 }
 
 perf_once() {
