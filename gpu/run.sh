@@ -11,8 +11,8 @@
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
-#                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch" then times each
-#                                 patch (against the repo, one at a time) after an incremental rebuild
+#                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
+#                                 then checks and times each entry after an incremental rebuild
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -364,7 +364,7 @@ perf() {
         if [ ${#applied[@]} = $(tr '+' '\n' <<< "$P" | wc -l) ]; then
             TARGETS=test-backend-ops build && backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$name.log" && perf_once "$name"
         fi
-        for part in "${applied[@]}"; do
+        for part in ${applied[@]+"${applied[@]}"}; do
             apply_patch "$part" -R
         done
     done
@@ -373,9 +373,9 @@ perf() {
 # apply_patch FILE [-R]: patch(1), or git apply where the machine has no patch
 apply_patch() {
     if command -v patch > /dev/null; then
-        patch -p1 -s $2 < "$1"
+        patch -p1 -s ${2:-} < "$1"
     else
-        git apply $2 "$1"
+        git apply ${2:-} "$1"
     fi
 }
 
