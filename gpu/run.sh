@@ -242,7 +242,7 @@ for d in sys.argv[2:]:
 EOF
         if [ "${DETAIL:-0}" = 1 ]; then
             for T in ${DETAIL_TYPES:-f16 oscar2}; do
-                "$NCU" --clock-control none --set detailed -k regex:'k_fa_int2_mma|flash_attn_ext_vec|k_fa_combine|flash_attn_combine' \
+                "$NCU" --clock-control none --set detailed --section WarpStateStats --section SchedulerStats -k regex:'k_fa_int2_mma|flash_attn_ext_vec|k_fa_combine|flash_attn_combine' \
                     --launch-skip 64 --launch-count 4 \
                     "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d $depth -p 0 -n 4 -r 1 > "$OUT/ncu_detail_${T}_d$depth.txt" 2>&1 \
                     || log "ncu detail $T failed: $(tail -3 "$OUT/ncu_detail_${T}_d$depth.txt")"
