@@ -13,6 +13,8 @@
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
+#   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
+#                                 the FLASH_ATTN_EXT cases and the perf cases
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -370,6 +372,19 @@ perf() {
     done
 }
 
+# prebuilt DIR: test-backend-ops built on the CPU machine (gpu/build_local.sh: static, sm_90), in
+# about 35 s a call instead of a 290-380 s build
+prebuilt() {
+    local dir=${1:?prebuilt: the carried directory}
+    B=/tmp/oscar-prebuilt
+    mkdir -p "$B/bin"
+    xz -dc "$dir/test-backend-ops.xz" > "$B/bin/test-backend-ops" && chmod +x "$B/bin/test-backend-ops" || return 1
+    # cuBLAS of the machine's toolkit (the binary links libcublas.so.13 dynamically)
+    export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$(basename "$dir").log"
+    perf_once "$(basename "$dir")"
+}
+
 # apply_patch FILE [-R]: patch(1), or git apply where the machine has no patch
 apply_patch() {
     if command -v patch > /dev/null; then
@@ -394,6 +409,7 @@ case "${1:-all}" in
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
     perf)  build && perf ;;
+    prebuilt) prebuilt "${2:-}" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40

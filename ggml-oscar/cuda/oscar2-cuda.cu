@@ -13,6 +13,7 @@
 #include "../oscar2.h"
 
 #include <cfloat>
+#include <climits>
 #include <cstring>
 
 static constexpr __host__ __device__ int group_of(ggml_type t) {
@@ -802,13 +803,16 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
 
 // out[q][d] = sum_s e^(M_s - M) acc_s[d] / (sum_s e^(M_s - M) L_s [+ e^(sink - M)])
 //
-// One block per query. The first version had D threads, each walking all partials three times
-// in loops of dependent loads: with the 69-113 partials of a long cache (the cache's splits plus
-// the window's) it took 29.5 us a call at 32k rows, more than the attention itself (27.6 us;
-// ncu, H100, 2026-11-23), and 4.9 us at depth 0. Here the block finds M and the weights once,
-// in parallel over the partials (shared memory), and the accumulation is spread over slices of
-// the partials as well as the head dims, so each thread has a few independent loads in flight.
+// Grid (queries, D/32): a block takes 32 head dims of one query. The first version had one
+// block of D threads per query, each walking all partials three times in loops of dependent
+// loads: with the 69-113 partials of a long cache (the cache's splits plus the window's) it took
+// 29.5 us a call at 32k rows, more than the attention itself (27.6 us; ncu, H100, 2026-11-23),
+// and 4.9 us at depth 0. Here a block finds M and the weights once, in parallel over the
+// partials (shared memory), and the accumulation is spread over slices of the partials, so each
+// thread has a few independent loads in flight. (One block per query, 128 dims, took 17 us with
+// 272 partials at 32k rows: 32 queries leave most SMs idle; this grid took 7 us there.)
 #define OSCAR_COMBINE_THREADS 256
+#define OSCAR_COMBINE_DIMS 32 // head dims per block
 
 template <int D>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
@@ -816,12 +820,12 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
         const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
     constexpr int NW = NT/WARP_SIZE;
-    constexpr int TD = D < 128 ? D : 128; // threads along the head dims
-    constexpr int ED = D/TD;              // head dims per thread
-    constexpr int PS = NT/TD;             // slices of the partials
+    constexpr int TD = OSCAR_COMBINE_DIMS; // threads along the head dims
+    constexpr int PS = NT/TD;              // slices of the partials
+    static_assert(D % TD == 0, "head dims per block");
     extern __shared__ float sh_w[];       // [n_part]: e^(M_s - M), 0 for an empty partial
     __shared__ float sh_red[NW];
-    __shared__ float sh_acc[PS][D];
+    __shared__ float sh_acc[PS][TD];
     const int tid  = threadIdx.x;
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int64_t qi = blockIdx.x;
@@ -868,31 +872,22 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     const float inv = l > 0.0f ? 1.0f/l : 0.0f;
 
     const int td = tid % TD, ps = tid / TD;
-    const float * pa = part_acc + qi*n_part*D;
-    float a[ED];
-#pragma unroll
-    for (int e = 0; e < ED; ++e) {
-        a[e] = 0.0f;
-    }
+    const int d  = blockIdx.y*TD + td;
+    const float * pa = part_acc + qi*n_part*D + d;
+    float a = 0.0f;
 #pragma unroll 4
     for (int s = ps; s < n_part; s += PS) {
         const float w = sh_w[s];
-#pragma unroll
-        for (int e = 0; e < ED; ++e) {
-            const float x = pa[(int64_t) s*D + td + TD*e];
-            a[e] += w != 0.0f ? w*x : 0.0f; // an empty partial's bytes stay out of the sum
-        }
+        const float x = pa[(int64_t) s*D];
+        a += w != 0.0f ? w*x : 0.0f; // an empty partial's bytes stay out of the sum
     }
-#pragma unroll
-    for (int e = 0; e < ED; ++e) {
-        sh_acc[ps][td + TD*e] = a[e];
-    }
+    sh_acc[ps][td] = a;
     __syncthreads();
-    for (int d = tid; d < D; d += NT) {
+    if (tid < TD) {
         float x = 0.0f;
 #pragma unroll
         for (int i = 0; i < PS; ++i) {
-            x += sh_acc[i][d];
+            x += sh_acc[i][tid];
         }
         dst[qi*D + d] = x*inv;
     }
@@ -900,10 +895,11 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
 
 static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries, cudaStream_t stream) {
     const size_t smem = (size_t) p.n_part*sizeof(float);
+    const dim3 grid(n_queries, D/OSCAR_COMBINE_DIMS);
     switch (D) {
-        case  64: k_fa_combine< 64><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
-        case 128: k_fa_combine<128><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
-        case 256: k_fa_combine<256><<<n_queries, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case  64: k_fa_combine< 64><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 128: k_fa_combine<128><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 256: k_fa_combine<256><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
         default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
     }
 }
@@ -1135,54 +1131,77 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 // ---- flash attention: many queries -> one f16 K/V (cache rows, then window rows) ---------------
 
 // rows [D, n_rows, n_head_kv, ns] of any of our types (byte strides) -> f16 rows at row offset r_off
-// of a contiguous [D, n_total, n_head_kv, ns] buffer
+// of a contiguous [D, n_total, n_head_kv, ns] buffer.
+// Grid (rows*D/8 / 256 rounded up, n_head_kv, ns): a thread takes 8 consecutive values of a row
+// (one 16-byte store). Why: the first version took 4 values a thread and found row, head and
+// sequence by 64-bit divisions, about 400 instructions a thread for 4 values (SASS, sm_90); a
+// prefill ubatch at depth 16k converts 33M values a layer.
 template <ggml_type T>
 static __global__ void k_rows_to_f16(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3,
-        half * __restrict__ dst, int D, int n_rows, int n_head, int n_total, int r_off, int64_t n) {
-    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x; // one thread per 4 values
-    if (i >= n) {
+        half * __restrict__ dst, int D, int n_rows, int n_total, int r_off) {
+    const int i  = blockIdx.x*blockDim.x + threadIdx.x; // 8-value chunk of this head's rows
+    const int per_row = D/8;
+    if (i >= n_rows*per_row) {
         return;
     }
-    const int per_row = D/4;
-    const int e4  = i % per_row;
-    int64_t rest  = i / per_row;
-    const int r   = rest % n_rows; rest /= n_rows;
-    const int h   = rest % n_head;
-    const int s3  = rest / n_head;
+    const int r  = i / per_row;
+    const int e0 = 8*(i - r*per_row);
+    const int h  = blockIdx.y, s3 = blockIdx.z;
     const char * row = src + r*nb1 + h*nb2 + s3*nb3;
-    half * out = dst + (((int64_t) s3*n_head + h)*n_total + r_off + r)*D;
+    float x[8];
+    if constexpr (T == GGML_TYPE_F16) {
+#pragma unroll
+        for (int u = 0; u < 8; u += 2) {
+            const float2 f = __half22float2(*(const half2 *) ((const half *) row + e0 + u));
+            x[u] = f.x;
+            x[u + 1] = f.y;
+        }
+    } else if constexpr (T == GGML_TYPE_BF16) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            x[u] = __bfloat162float(((const nv_bfloat16 *) row)[e0 + u]);
+        }
+    } else if constexpr (T == GGML_TYPE_F32) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            x[u] = ((const float *) row)[e0 + u];
+        }
+    } else {
+        // values e0..e0+7 of a group are code bytes o..o+7 (o = e0 % NB) at one shift: G/4 is a
+        // multiple of 8, so they never straddle a byte block; the bytes are 4-byte aligned
+        constexpr int G = group_of(T), NB = G/4, BYTES = 4 + G/4;
+        const uint8_t * bp = (const uint8_t *) row + (e0 / G)*BYTES;
+        const float d = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 0)));
+        const float m = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 2)));
+        const int o = e0 % G;
+        const uint32_t * q = (const uint32_t *) (bp + 4 + o % NB);
+        const uint32_t q0 = q[0] >> (2*(o / NB)), q1 = q[1] >> (2*(o / NB));
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t c = ((u < 4 ? q0 : q1) >> (8*(u % 4))) & 3;
+            x[u] = __fadd_rn(m, __fmul_rn((float) c, d));
+        }
+    }
+    half2 y[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-        const int e = 4*e4 + u;
-        float x;
-        if constexpr (T == GGML_TYPE_F16) {
-            x = __half2float(((const half *) row)[e]);
-        } else if constexpr (T == GGML_TYPE_BF16) {
-            x = __bfloat162float(((const nv_bfloat16 *) row)[e]);
-        } else if constexpr (T == GGML_TYPE_F32) {
-            x = ((const float *) row)[e];
-        } else {
-            constexpr int G = group_of(T), NB = G/4, BYTES = 4 + G/4;
-            const uint8_t * bp = (const uint8_t *) row + (e / G)*BYTES;
-            const float d = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 0)));
-            const float m = __half2float(__ushort_as_half(*(const uint16_t *) (bp + 2)));
-            const int o = e % G;
-            x = __fadd_rn(m, __fmul_rn((float) ((bp[4 + o % NB] >> (2*(o / NB))) & 3), d));
-        }
-        out[e] = __float2half_rn(x);
+        y[u] = __halves2half2(__float2half_rn(x[2*u]), __float2half_rn(x[2*u + 1]));
     }
+    half * out = dst + (((int64_t) s3*gridDim.y + h)*n_total + r_off + r)*D + e0;
+    *(int4 *) out = *(const int4 *) y;
 }
 
 static void rows_to_f16(const ggml_tensor * src, half * dst, int n_total, int r_off, cudaStream_t stream) {
     const int D = (int) src->ne[0];
-    const int64_t n = (int64_t) D/4*src->ne[1]*src->ne[2]*src->ne[3];
-    if (n == 0) {
+    const int64_t n = (int64_t) D/8*src->ne[1];
+    if (n == 0 || src->ne[2] == 0 || src->ne[3] == 0) {
         return;
     }
+    GGML_ASSERT(D % 8 == 0 && n < INT_MAX);
     const int threads = 256;
-    const int64_t blocks = (n + threads - 1)/threads;
-#define ROWS_CASE(T_) case T_: k_rows_to_f16<T_><<<blocks, threads, 0, stream>>>((const char *) src->data, src->nb[1], src->nb[2], src->nb[3], \
-        dst, D, (int) src->ne[1], (int) src->ne[2], n_total, r_off, n); break;
+    const dim3 grid((unsigned) ((n + threads - 1)/threads), (unsigned) src->ne[2], (unsigned) src->ne[3]);
+#define ROWS_CASE(T_) case T_: k_rows_to_f16<T_><<<grid, threads, 0, stream>>>((const char *) src->data, src->nb[1], src->nb[2], src->nb[3], \
+        dst, D, (int) src->ne[1], n_total, r_off); break;
     switch (src->type) {
         ROWS_CASE(GGML_TYPE_F16)
         ROWS_CASE(GGML_TYPE_BF16)
@@ -1226,19 +1245,18 @@ static __global__ void k_zero_pad_rows(half * __restrict__ dst, int D, int n_tot
 }
 
 // the mask [>= n_total, ne1, ne2, ne3] (byte strides) -> a contiguous f16 mask of n_pad columns,
-// the columns past n_total at -inf
-static __global__ void k_widen_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne1, int ne2,
-        half * __restrict__ dst, int n_total, int n_pad, int64_t n) {
-    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
-    if (i >= n) {
+// the columns past n_total at -inf. Grid (n_pad/256 rounded up, ne1, ne2*ne3): no 64-bit division
+// per element (the first version's: about 150 instructions for each of the 9M columns of a
+// 512-token ubatch at depth 16k, every layer)
+static __global__ void k_widen_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne2,
+        half * __restrict__ dst, int n_total, int n_pad) {
+    const int c = blockIdx.x*blockDim.x + threadIdx.x;
+    if (c >= n_pad) {
         return;
     }
-    const int c = i % n_pad;
-    int64_t rest = i / n_pad;
-    const int i1 = rest % ne1; rest /= ne1;
-    const int i2 = rest % ne2;
-    const int i3 = rest / ne2;
-    dst[i] = c < n_total ? *(const half *) (src + i1*nb1 + i2*nb2 + i3*nb3 + c*sizeof(half)) : __float2half(-INFINITY);
+    const int i1 = blockIdx.y, i2 = blockIdx.z % ne2, i3 = blockIdx.z / ne2;
+    const int64_t row = ((int64_t) blockIdx.z*gridDim.y + i1)*n_pad;
+    dst[row + c] = c < n_total ? *(const half *) (src + i1*nb1 + i2*nb2 + i3*nb3 + c*sizeof(half)) : __float2half(-INFINITY);
 }
 
 // K/V rows of the f16 equivalent: cache rows and window rows, rounded up to the upstream kernels'
@@ -1282,10 +1300,10 @@ static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor *
             k_zero_pad_rows<<<(n + threads - 1)/threads, threads, 0, stream>>>((half *) t->data, (int) t->ne[0], (int) n_total,
                 (int) n_pad, n);
         }
-        const int64_t n = n_pad*mask->ne[1]*mask->ne[2]*mask->ne[3];
-        mbuf.alloc(ctx.pool(), n);
-        k_widen_mask<<<(n + threads - 1)/threads, threads, 0, stream>>>((const char *) mask->data, mask->nb[1], mask->nb[2],
-            mask->nb[3], (int) mask->ne[1], (int) mask->ne[2], mbuf.get(), (int) n_total, (int) n_pad, n);
+        mbuf.alloc(ctx.pool(), n_pad*mask->ne[1]*mask->ne[2]*mask->ne[3]);
+        const dim3 grid((unsigned) ((n_pad + threads - 1)/threads), (unsigned) mask->ne[1], (unsigned) (mask->ne[2]*mask->ne[3]));
+        k_widen_mask<<<grid, threads, 0, stream>>>((const char *) mask->data, mask->nb[1], mask->nb[2], mask->nb[3],
+            (int) mask->ne[2], mbuf.get(), (int) n_total, (int) n_pad);
         CUDA_CHECK(cudaGetLastError());
         make_f16_view(M2, mask, mbuf.get(), n_pad, 0);
         d2.src[3] = &M2;

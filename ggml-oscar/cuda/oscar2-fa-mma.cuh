@@ -3,27 +3,31 @@
 //
 // Why: k_fa_int2 spends about 50 warp instructions per cache row (D = 128, 4 queries) on CUDA
 // cores; at long context it runs far below the memory roofline. Here both products of a row go
-// through mma.sync m16n8k32 (s8 x s8 -> s32), where the 2-bit codes are already small integers:
-//   scores  S[q][r] = dK_r qd_q (Q8_q . C_r) + mK_r qsum_q          (A = queries, B = K codes)
-//   output  O[q][e] = sum_r CV_r[e] P'_qr + sum_r p_qr mV_r         (A = V codes, B = P' = p dV)
-// The query (per group) is an integer of 15 bits split into two int8 parts (x = 256 hi + lo), and
-// P' (per 32 rows and group) one of 23 bits in three parts, so each product is exact in s32. The
-// only roundings are those two quantizations. Emulated in numpy on the test cases: the query's
-// costs 3-8e-5 of the output (as k_fa_int2's int16 query), P''s 2-5e-7; P' in 15 bits would have
-// cost 1.3e-4, over the tests' 1e-4.
+// through tensor cores:
+//   scores  S[q][r] = dK_r qd_q (Q8_q . C_r) + mK_r qsum_q          (mma m16n8k32 s8 x s8 -> s32:
+//                                                                    A = queries, B = K codes)
+//   output  O[q][e] = sum_r CV_r[e] P'_qr + sum_r p_qr mV_r         (mma m16n8k16 f16 x f16 -> f32:
+//                                                                    A = V codes, B = P' = p dV)
+// The query (per group) is an integer of 15 bits split into two int8 parts (x = 256 hi + lo), so
+// the score's product is exact in s32. P' goes in as two f16 parts, hi = f16(P') and lo =
+// f16(P' - hi): 22 bits. A V code c enters the f16 product as 1 + c/4 (the code in mantissa bits
+// 8 and 9 of 1.0: a shift and a mask, no conversion): sum_r (1 + c_r/4) P'_r = sum_r P'_r + C/4,
+// so C = 4 (acc - sum_r P'_r). Emulated in numpy (f32 sums per 32-row step): max error / max
+// output 1-3e-6 at 113-1024 rows, 6e-5 at 32768 rows (the subtraction amplifies the f32 sum's
+// rounding), against 1.5e-6 for the int8 product; P' as one f16 part alone: 6e-5 to 2e-4, over
+// the CUDA tests' 1e-4.
+// (The int8 V product split P' into three int8 parts of a 23-bit integer: 24 mma, 64 integer
+// multiplies and 32 I2F per 32-row step for D = 128; this one needs 32 HMMA and no conversions:
+// the loop went from 999 to 941 instructions, SASS sm_90.)
 //
-// No A row is wasted: the K product stacks the query's hi parts (rows 0..7) over its lo parts
-// (rows 8..15), and the V product puts 16 head dims in A's rows. The first version (2026-11-23
-// morning) had queries in A rows 0..7 and zeros below for both products: 80 mma and about 1300
-// SASS instructions per 32-row step (4 queries, D = 128), a fifth of them moves; this layout
-// needs 40 mma. Details above the kernel.
+// No A row is wasted in the K product: it stacks the query's hi parts (rows 0..7) over its lo
+// parts (rows 8..15); the V product puts 16 head dims in A's rows. Details above the kernel.
 // The window's f16 rows, when there is a window, are blocks of the same launch (fa_partial_rows,
 // scheduled first), so they overlap with the INT2 rows instead of costing a second launch.
 
 #define OSCAR_MMA_BLOCKS_PER_SM 3 // launch bounds (12 warps per SM; ncu: 8 left the kernel latency-bound); fa_vec sizes its splits by it
 #define OSCAR_MMA_ROWS 32         // rows per warp and step
 #define OSCAR_MMA_QMAX 32512      // the query: 15-bit integers, 127*256, so hi = (x + 128) >> 8 fits int8
-#define OSCAR_MMA_PMAX 8323072    // P': 23-bit integers, 127*65536, three int8 parts
 
 // which (K, V, head dim, queries per block, window type) take k_fa_int2_mma
 static constexpr __host__ __device__ bool uses_int2_mma(ggml_type kt, ggml_type vt, int D, int nqb, ggml_type wt) {
@@ -40,24 +44,6 @@ static __device__ __forceinline__ int pack_s8(const int x0, const int x1, const 
 static __device__ __forceinline__ void split_s15(const int x, int & hi, int & lo) {
     hi = (x + 128) >> 8;
     lo = x - 256*hi;
-}
-
-// x (|x| <= OSCAR_MMA_PMAX) = 65536 hi + 256 mid + lo, each in [-128, 127] (hi in [-127, 127])
-static __device__ __forceinline__ void split_s23(const int x, int & hi, int & mid, int & lo) {
-    int y;
-    split_s15(x, y, lo); // |y| <= 32512
-    split_s15(y, hi, mid);
-}
-
-// the byte transpose of four words: x[j] holds byte j of v0, v1, v2, v3 (in that order)
-static __device__ __forceinline__ void transpose_bytes(const uint32_t v0, const uint32_t v1, const uint32_t v2, const uint32_t v3,
-        uint32_t x[4]) {
-    const uint32_t a = __byte_perm(v0, v1, 0x5140), b = __byte_perm(v0, v1, 0x7362);
-    const uint32_t c = __byte_perm(v2, v3, 0x5140), d = __byte_perm(v2, v3, 0x7362);
-    x[0] = __byte_perm(a, c, 0x5410);
-    x[1] = __byte_perm(a, c, 0x7632);
-    x[2] = __byte_perm(b, d, 0x5410);
-    x[3] = __byte_perm(b, d, 0x7632);
 }
 
 static __device__ __forceinline__ float quad_max(float x) {
@@ -90,21 +76,40 @@ static __device__ __forceinline__ void mma_s8(int c[4], const int a0, const int 
 #endif
 }
 
+// C[16x8] += A[16x16] B[16x8] in f16 -> f32 (A row-major, B column-major)
+static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a0, const uint32_t a1, const uint32_t a2, const uint32_t a3,
+        const uint32_t b0, const uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    GGML_UNUSED(c); GGML_UNUSED(a0); GGML_UNUSED(a1); GGML_UNUSED(a2); GGML_UNUSED(a3); GGML_UNUSED(b0); GGML_UNUSED(b1);
+    NO_DEVICE_CODE;
+#endif
+}
+
+// the f16 pair (1 + c_x/4, 1 + c_y/4) of the 2-bit codes at bit 2s of byte 1 and byte 3 of x
+static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const int s) {
+    return ((x >> (2*s)) & 0x03000300u) | 0x3C003C00u;
+}
+
 // Grid (n_head_kv*ne3, n_win_split + n_split, n_query_groups), 4 warps. Blocks y < ns_win run the
 // window's rows (type WT; GGML_TYPE_COUNT: no window) through fa_partial_rows; the others take
 // rows_per_split cache rows each. Partials: cache splits first, then the window's.
 //
-// A step of a warp is 32 rows. Lane (g, qq) owns rows 4qq + i and 16 + 4qq + i (i = 0..3) of it:
-// they are the C entries of its query g in the K product (K tile t, column 2qq + e is the row
-// 16(t/2) + 4qq + 2(t%2) + e, so own row 2t + e), the k positions of its B (P') and A (V codes)
-// fragments in the V product. So nothing moves between lanes but the per-query scales.
+// A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
+// i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
+// 8t..8t+7, column n the row 8t + n), and the k positions of its B (P') and A (V codes)
+// fragments in the V product (k16 step h: own rows 4h..4h+3 at k = 2qq, 2qq+1, 2qq+8, 2qq+9).
+// So nothing moves between lanes but the per-query scales.
 //   K product: A = [query hi parts (rows 0..7); query lo parts (rows 8..15)], B = K codes, so one
 //              mma gives both halves: score = 256 C[g] + C[g + 8].
-//   V product: O^T = V^T P'^T: A = V codes (16 head dims x 32 rows), B = P' (32 rows x 8 queries),
-//              three mma for P''s three parts. Lane (g, qq) loads one code word of each own row
-//              and byte-transposes 4 rows at a time (prmt); its A rows g and g+8 of V tile mt
-//              are head dims vdim(g, mt, 0) and vdim(g, mt, 1) (see below). C gives it those dims
-//              of queries 2qq and 2qq + 1.
+//   V product: O^T = V^T P'^T: A = V codes (16 head dims x 16 rows), B = P' (16 rows x 8 queries,
+//              f16), two k16 steps. Lane (g, qq) loads one code word of each own row and pairs
+//              the bytes of two rows (prmt); its A rows g and g+8 of V tile mt are head dims
+//              vdim(g, mt, 0) and vdim(g, mt, 1) (see below). C gives it those dims of queries
+//              2qq and 2qq + 1.
 template <int D, ggml_type T, ggml_type WT, int NQB>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
 static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int rows_per_split,
@@ -194,12 +199,14 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     }
     __syncwarp();
 
-    // online softmax state of query g (M, S, am: sum of p mV per group, in the lanes of query g);
-    // acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq (k even) and 2qq + 1, dims vdim
-    float M = -INFINITY, S = 0.0f, am[NG], acc[NG][NTV][4];
+    // online softmax state of query g (M, S, am: sum of p mV per group, sp: sum of the f16 P' per
+    // group, in the lanes of query g); acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq
+    // (k even) and 2qq + 1, dims vdim: sum of (1 + c/4) P'
+    float M = -INFINITY, S = 0.0f, am[NG], sp[NG], acc[NG][NTV][4];
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = 0.0f;
+        sp[gi] = 0.0f;
 #pragma unroll
         for (int mt = 0; mt < NTV; ++mt) {
             acc[gi][mt][0] = acc[gi][mt][1] = acc[gi][mt][2] = acc[gi][mt][3] = 0.0f;
@@ -212,20 +219,20 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int nbk1 = (int) src.nbk1, nbv1 = (int) src.nbv1; // row strides: (int64) r*nb1 is one IMAD.WIDE
     const int rlast = r1 - 1; // rows past the end read this row (in range) and are masked
 
-    // one step's code words, loaded a step ahead. Own row i (0..7) is rb + 16(i/4) + 4qq + i%4.
+    // one step's code words, loaded a step ahead. Own row i (0..7) is rb + 8(i/2) + 2qq + i%2.
     // The headers and the mask are loaded at the start of the step that uses them: the code
     // loads have brought the headers' lines into L1, and the K product hides their latency.
     struct step {
-        uint32_t kw[4][NG][NW]; // K codes: tile t, row rb + 16(t/2) + 4(g/2) + 2(t%2) + g%2
+        uint32_t kw[4][NG][NW]; // K codes: tile t, row rb + 8t + g
         uint32_t vw[8][NG];     // V codes of own rows
     };
     // the int8 codes of K register li of a lane (see k_elem)
     auto kcodes = [&](const uint32_t * kw, int li) { return (int) ((kw[li % NW] >> (2*(li / NW))) & 0x03030303u); };
-    auto own_row = [&](int rb, int i) { return min(rb + 16*(i/4) + 4*qq + i%4, rlast); };
+    auto own_row = [&](int rb, int i) { return min(rb + 8*(i/2) + 2*qq + i%2, rlast); };
     auto load_step = [&](step & st, const int rb) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const char * kr = Kh + (int64_t) min(rb + 16*(t/2) + 4*(g/2) + 2*(t%2) + g%2, rlast)*nbk1;
+            const char * kr = Kh + (int64_t) min(rb + 8*t + g, rlast)*nbk1;
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
 #pragma unroll
@@ -260,7 +267,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         half2 kdm[8][NG], vdm[8][NG];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const int r = rb + 16*(i/4) + 4*qq + i%4;
+            const int r = rb + 8*(i/2) + 2*qq + i%2;
             mk[i] = (qok && r < r1) ? (mask_q ? __half2float(mask_q[r]) : 0.0f) : -INFINITY;
             const char * kr = Kh + (int64_t) own_row(rb, i)*nbk1;
             const char * vr = Vh + (int64_t) own_row(rb, i)*nbv1;
@@ -323,6 +330,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 am[gi] *= cf;
+                sp[gi] *= cf;
 #pragma unroll
                 for (int mt = 0; mt < NTV; ++mt) {
                     acc[gi][mt][0] *= cfa; acc[gi][mt][2] *= cfa;
@@ -339,57 +347,46 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
 #pragma unroll
         for (int gi = 0; gi < NG; ++gi) {
-            // P' = p dV as 23-bit integers of one scale per query and step
-            float pv[8], pmax = 0.0f;
+            // P' = p dV as two f16 parts, hi + lo (P' - hi): the B fragments of the two k16 steps, own
+            // rows (4h, 4h+1) and (4h+2, 4h+3)
+            uint32_t pbh[4], pbl[4];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float2 dm = __half22float2(vdm[i][gi]);
-                pv[i] = pr[i] > 0.0f ? pr[i]*dm.x : 0.0f; // 0 * (bytes of a masked row) could be NaN
-                am[gi] += pr[i] > 0.0f ? pr[i]*dm.y : 0.0f;
-                pmax = fmaxf(pmax, fabsf(pv[i]));
-            }
-            pmax = quad_max(pmax);
-            const float inv = pmax > 0.0f ? OSCAR_MMA_PMAX/pmax : 0.0f;
-            const float psc = pmax/OSCAR_MMA_PMAX;
-            const float psa = __shfl_sync(0xffffffff, psc, 8*qq,     WARP_SIZE); // query 2qq
-            const float psb = __shfl_sync(0xffffffff, psc, 8*qq + 4, WARP_SIZE); // query 2qq + 1
-            int h[8], m[8], l[8];
+            for (int k = 0; k < 4; ++k) {
+                float pv[2];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                split_s23(__float2int_rn(pv[i]*inv), h[i], m[i], l[i]);
-            }
-            // B: k = own rows 0..3 (b0) and 4..7 (b1) of query g
-            const int b0h = pack_s8(h[0], h[1], h[2], h[3]), b1h = pack_s8(h[4], h[5], h[6], h[7]);
-            const int b0m = pack_s8(m[0], m[1], m[2], m[3]), b1m = pack_s8(m[4], m[5], m[6], m[7]);
-            const int b0l = pack_s8(l[0], l[1], l[2], l[3]), b1l = pack_s8(l[4], l[5], l[6], l[7]);
-            // A: x0[j] (x1[j]) holds byte j of the code word of own rows 0..3 (4..7), row i in byte i
-            uint32_t x0[4], x1[4];
-            transpose_bytes(cur.vw[0][gi], cur.vw[1][gi], cur.vw[2][gi], cur.vw[3][gi], x0);
-            transpose_bytes(cur.vw[4][gi], cur.vw[5][gi], cur.vw[6][gi], cur.vw[7][gi], x1);
-#pragma unroll
-            for (int mt = 0; mt < NTV; ++mt) {
-                const int j = jv(mt), s = sv(mt);
-                const int a0 = (int) ((x0[j] >> (2*s))     & 0x03030303u);
-                const int a1 = (int) ((x0[j] >> (2*s + 2)) & 0x03030303u);
-                const int a2 = (int) ((x1[j] >> (2*s))     & 0x03030303u);
-                const int a3 = (int) ((x1[j] >> (2*s + 2)) & 0x03030303u);
-                // hi, *256, mid, *256, lo in one accumulator (at most 8323072*3*32 < 2^31)
-                int cc[4] = {0, 0, 0, 0};
-                mma_s8(cc, a0, a1, a2, a3, b0h, b1h);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    cc[k] *= 256;
+                for (int e = 0; e < 2; ++e) {
+                    const int i = 2*k + e;
+                    const float2 dm = __half22float2(vdm[i][gi]);
+                    pv[e] = pr[i] > 0.0f ? pr[i]*dm.x : 0.0f; // 0 * (bytes of a masked row) could be NaN
+                    am[gi] += pr[i] > 0.0f ? pr[i]*dm.y : 0.0f;
                 }
-                mma_s8(cc, a0, a1, a2, a3, b0m, b1m);
+                const half2  hi = __floats2half2_rn(pv[0], pv[1]);
+                const float2 hf = __half22float2(hi);
+                const half2  lo = __floats2half2_rn(pv[0] - hf.x, pv[1] - hf.y);
+                const float2 lf = __half22float2(lo);
+                sp[gi] += (hf.x + hf.y) + (lf.x + lf.y); // the sum of what the mma multiplies
+                pbh[k] = *(const uint32_t *) &hi;
+                pbl[k] = *(const uint32_t *) &lo;
+            }
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    cc[k] *= 256;
+            for (int h = 0; h < 2; ++h) {
+                // x[j] (y[j]): byte j of the code words of own rows 4h, 4h+1 (4h+2, 4h+3) in bytes 1 and 3
+                uint32_t x[4], y[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const uint32_t sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12);
+                    x[j] = __byte_perm(cur.vw[4*h][gi],     cur.vw[4*h + 1][gi], sel);
+                    y[j] = __byte_perm(cur.vw[4*h + 2][gi], cur.vw[4*h + 3][gi], sel);
                 }
-                mma_s8(cc, a0, a1, a2, a3, b0l, b1l);
-                acc[gi][mt][0] += psa*(float) cc[0];
-                acc[gi][mt][1] += psb*(float) cc[1];
-                acc[gi][mt][2] += psa*(float) cc[2];
-                acc[gi][mt][3] += psb*(float) cc[3];
+#pragma unroll
+                for (int mt = 0; mt < NTV; ++mt) {
+                    const int j = jv(mt), s = sv(mt);
+                    // A rows g (shift s) and g+8 (shift s+1); k = 2qq, 2qq+1 (x) and 2qq+8, 2qq+9 (y)
+                    const uint32_t a0 = codes_f16x2(x[j], s), a1 = codes_f16x2(x[j], s + 1);
+                    const uint32_t a2 = codes_f16x2(y[j], s), a3 = codes_f16x2(y[j], s + 1);
+                    mma_f16(acc[gi][mt], a0, a1, a2, a3, pbh[2*h], pbh[2*h + 1]);
+                    mma_f16(acc[gi][mt], a0, a1, a2, a3, pbl[2*h], pbl[2*h + 1]);
+                }
             }
         }
         cur = nxt;
@@ -403,14 +400,17 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = quad_sum(am[gi]);
+        sp[gi] = quad_sum(sp[gi]);
         const float ama = __shfl_sync(0xffffffff, am[gi], 8*qq,     WARP_SIZE);
         const float amb = __shfl_sync(0xffffffff, am[gi], 8*qq + 4, WARP_SIZE);
+        const float spa = __shfl_sync(0xffffffff, sp[gi], 8*qq,     WARP_SIZE);
+        const float spb = __shfl_sync(0xffffffff, sp[gi], 8*qq + 4, WARP_SIZE);
 #pragma unroll
         for (int mt = 0; mt < NTV; ++mt) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const int d = (G == 128 ? 4*g : 4*(g % 4)) + jv(mt) + (G/4)*(sv(mt) + k/2);
-                sh_acc[w][2*qq + k%2][gi*G + d] = acc[gi][mt][k] + (k % 2 ? amb : ama);
+                sh_acc[w][2*qq + k%2][gi*G + d] = 4.0f*(acc[gi][mt][k] - (k % 2 ? spb : spa)) + (k % 2 ? amb : ama);
             }
         }
     }
