@@ -356,14 +356,15 @@ for r in csv.DictReader(sys.stdin):
 # (an entry a.patch+b.patch applies both)
 perf() {
     perf_once committed
-    local P part name applied
+    local P part name applied ok
     for P in ${PERF_PATCHES:-}; do
         name=$(tr '+' '\n' <<< "$P" | xargs -n1 basename | sed 's/\.patch$//' | paste -sd+)
         applied=()
+        ok=1
         for part in ${P//+/ }; do
-            apply_patch "$part" && applied=("$part" "${applied[@]}") || { log "perf: $part does not apply"; break; }
+            apply_patch "$part" && applied=("$part" "${applied[@]}") || { log "perf: $part does not apply"; ok=0; break; }
         done
-        if [ ${#applied[@]} = $(tr '+' '\n' <<< "$P" | wc -l) ]; then
+        if [ $ok = 1 ]; then
             TARGETS=test-backend-ops build && backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$name.log" && perf_once "$name"
         fi
         for part in ${applied[@]+"${applied[@]}"}; do
