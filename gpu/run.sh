@@ -71,7 +71,7 @@ backend_ops() {
 
 test_gpu() {
     local t0=$(date +%s)
-    backend_ops SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT test-backend-ops.log
+    backend_ops SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT,OSCAR_ROTATE_STORE test-backend-ops.log
 
     pyenv
     python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
@@ -328,7 +328,21 @@ for kind in ("tg", "pp"):
 EOF
 }
 
-# quick: one call's worth of checking after a kernel change, for a tight device budget:
+# variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with one part changed:
+# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nofuse (quick() sets
+# GGML_CUDA_OSCAR_NO_FUSION=1: the rotations not fused with the cache writes)
+variant_args() {
+    local t=${1%%:*}
+    echo "-ctk $t -ctv $t"
+    case $1 in
+        *:nowin) echo "--oscar-sink 0 --oscar-recent 0" ;;
+        *:norot) echo "--oscar-rot none" ;;
+    esac
+}
+
+# quick: one call's worth of checking after a kernel change, for a tight device budget
+# (QUICK_TYPES="oscar2 oscar2:nofuse f16" adds variants, QUICK_RUNS="-d 0 -n 64;-d 16384 -p 512 -n 0"
+# replaces the runs, QUICK_REPS the repetitions):
 # FLASH_ATTN_EXT CUDA vs CPU (the oscar cases of test-backend-ops), then f16 against oscar2:
 # tg64 at depths 0 and 32768, pp512 at 16384, and tg32 at 131072 last (the longest: a 131k prefill
 # per type), each line logged as soon as it is measured
@@ -337,10 +351,14 @@ quick() {
     pyenv
     M=$(synth_model) || return 1
     backend_ops FLASH_ATTN_EXT test-backend-ops-fa.log
-    local T args
-    for args in "-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32"; do
-        for T in oscar2 f16; do
-            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T $args -r 1 -o csv 2> "$OUT/quick.err" \
+    local T args envs
+    local runs=("-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32")
+    [ -n "${QUICK_RUNS:-}" ] && IFS=';' read -ra runs <<< "$QUICK_RUNS"
+    for args in "${runs[@]}"; do
+        for T in ${QUICK_TYPES:-oscar2 f16}; do
+            envs=()
+            [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
+            env "${envs[@]}" "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
                 | python3 -c "
 import csv, sys
 for r in csv.DictReader(sys.stdin):
