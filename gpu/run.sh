@@ -10,6 +10,7 @@
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
+#                                 (PROFILE_TYPES="f16 oscar2 oscar2:nofuse", NCU_DEPTHS, ABLATE=0, DETAIL=1)
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
@@ -208,14 +209,17 @@ profile() {
         # at a depth only the attention kernels (the prefill's tell where the decode starts) and the
         # rotations are timed: timing every launch of a long prefill takes minutes (depth 0 has all)
         local filter='regex:flash_attn|k_fa_|k_rotate'
+        local envs types=${PROFILE_TYPES:-f16 oscar2}
         for d in ${NCU_DEPTHS:-0 $depth}; do
-            for T in f16 oscar2; do
-                "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
-                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T}_d$d.csv" 2> "$OUT/ncu_${T}_d$d.err" \
+            for T in $types; do
+                envs=()
+                [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
+                env "${envs[@]}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
+                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T}_d$d.csv" 2> "$OUT/ncu_${T}_d$d.err" \
                     || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T}_d$d.err")"
             done
         done
-        python3 - "$OUT" ${NCU_DEPTHS:-0 $depth} <<'EOF' | tee -a "$OUT/summary.txt"
+        PROFILE_TYPES=$types python3 - "$OUT" ${NCU_DEPTHS:-0 $depth} <<'EOF' | tee -a "$OUT/summary.txt"
 import csv, sys, pathlib, collections, re
 out = pathlib.Path(sys.argv[1])
 def load(T, d):
@@ -231,8 +235,9 @@ def load(T, d):
     # decode only: after the last launch of a prefill attention kernel (upstream's f16 mma/tile)
     last = max((i for i, (n, _) in enumerate(rows) if n.startswith(("flash_attn_ext_f16", "flash_attn_tile"))), default=-1)
     return rows[last + 1:]
+import os
 for d in sys.argv[2:]:
-    for T in ("f16", "oscar2"):
+    for T in os.environ["PROFILE_TYPES"].split():
         rows = load(T, d)
         t = collections.defaultdict(float); n = collections.Counter()
         for name, v in rows:
