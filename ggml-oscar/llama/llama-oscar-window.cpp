@@ -453,12 +453,14 @@ void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w
 
 // ---- mask ---------------------------------------------------------------------------------------
 
-// The mask of the cache was built by llama.cpp into the first n_tokens*n_kv elements of dst; it
-// is widened here, in place, to rows of W = n_kv + n_hp columns: a cache column whose position
-// is read from the window is dropped, and the window column of its slot takes its value.
-// Only cells that own a window slot can change (slot_cell and cell_slot change only as pairs,
-// in alloc_slot/free_slot), so they are listed once per stream and each row is a copy plus a
-// few hundred patches (per element work made a 512-token prefill at 32k cells ~50 ms slower).
+// The mask of the cache was built by llama.cpp into the first n_kv columns of each row of dst
+// (rows of W = n_kv + n_hp columns: patch 0011 gives it the row stride); the window's columns
+// are filled in here: a cache column whose position is read from the window is dropped, and the
+// window column of its slot takes its value. Only cells that own a window slot can change
+// (slot_cell and cell_slot change only as pairs, in alloc_slot/free_slot), so they are listed
+// once per stream and each row gets a few hundred patches (per element work made a 512-token
+// prefill at 32k cells ~50 ms slower). Why the stride: the first version built rows of n_kv and
+// moved each to its place, a second pass over the whole mask (36 MB at 16k cells and 512 tokens).
 template <typename T>
 static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
         int64_t n_kv, ggml_tensor * dst) {
@@ -488,11 +490,9 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
         return per_stream[strm];
     };
 
-    // last row first: row i moves from i*n_kv to i*W >= i*n_kv, so no unread row is overwritten
-    for (int64_t i = (int64_t) ubatch->n_tokens - 1; i >= 0; --i) {
+    for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
         const llama_pos q = ubatch->pos[i];
         T * row = data + i*W;
-        memmove(row, data + i*n_kv, n_kv*sizeof(T));
         std::fill(row + n_kv, row + W, drop);
         for (const owner & e : owners_of(seq_to_stream[ubatch->seq_id[i][0]])) {
             if (in_window(w, e.pos, q)) {

@@ -131,7 +131,7 @@ llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph *
 void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w);
 
 // llama_kv_cache::set_input_kq_mask: the number of window columns of dst; then, once llama.cpp
-// has written the cache-only mask [n_tokens][n_kv] at the start of dst, its widening in place
+// has written the cache's mask into the first n_kv columns of each row, the window's columns
 int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tensor * dst);
 void    llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch, int64_t n_kv);
 
