@@ -19,6 +19,8 @@ gpu/run.sh on the device machine unpacks and builds it.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import subprocess
 import sys
 import tarfile
@@ -46,12 +48,27 @@ def keep(path: Path, root: Path) -> bool:
     return True
 
 
+def patches_digest() -> str:
+    """sha256 of the patch series, files in name order (what `cat llama.cpp/patches/*.patch |
+    sha256sum` prints). The tree carries it as oscar-patches.sha256, and gpu/run.sh refuses to
+    build a tree packed from other patches: run.sh syncs ggml-oscar/ into the tree, but a patch
+    changed since the packing would silently be missing from the GPU build."""
+    h = hashlib.sha256()
+    for p in sorted((fetch.HERE / "patches").glob("*.patch")):
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
 def pack_tree(tree: Path, dst: Path) -> None:
     with tarfile.open(dst, "w:xz", preset=6) as tf:
         def filt(ti: tarfile.TarInfo):
             p = tree.parent / ti.name
             return ti if keep(p, tree) else None
         tf.add(tree, arcname=tree.name, filter=filt)
+        stamp = (patches_digest() + "\n").encode()
+        ti = tarfile.TarInfo(f"{tree.name}/oscar-patches.sha256")
+        ti.size = len(stamp)
+        tf.addfile(ti, io.BytesIO(stamp))
 
 
 def cut_model(src: Path, dst: Path, n_layers: int) -> None:

@@ -29,9 +29,17 @@ ARCH=${CUDA_ARCH:-90}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 
 build() {
-    if [ ! -f "$TREE/.unpacked" ]; then
-        mkdir -p "$OSCAR_CACHE_DIR/src"
-        tar xf .device/upstream.tar.xz -C "$OSCAR_CACHE_DIR/src" && touch "$TREE/.unpacked"
+    # the carried tree must come from the patches in this checkout (gpu/pack.py stamps it): a
+    # patch changed since the packing would be missing from the build with no sign of it. A new
+    # tarball replaces the unpacked tree, its files dated now (x -m) so that ninja rebuilds them.
+    local want=$(cat llama.cpp/patches/*.patch | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$TREE/oscar-patches.sha256" 2>/dev/null)" != "$want" ]; then
+        rm -rf "$TREE" && mkdir -p "$OSCAR_CACHE_DIR/src"
+        tar -xmf .device/upstream.tar.xz -C "$OSCAR_CACHE_DIR/src"
+        if [ "$(cat "$TREE/oscar-patches.sha256" 2>/dev/null)" != "$want" ]; then
+            log "build: .device/upstream.tar.xz was packed from other patches than llama.cpp/patches: run python gpu/pack.py"
+            return 1
+        fi
     fi
     # our sources as they are now (the tarball may be older than the last edit)
     # (only the files that differ: a fresh copy's mtimes would make ninja rebuild them all)
