@@ -39,6 +39,15 @@ print(fetch.prepare(fetch.default_cache(), None, fetch.HERE / 'patches', None))"
 if [ ! -d "$TREE" ]; then
     mkdir -p "$WORK" && cp -r "$SRC" "$TREE"
 fi
+# the tree follows the patch series: after a patch changed, the files that differ are copied over
+# (only those: ninja then rebuilds what they touch), then the stamp is renewed
+WANT=$(cat "$ROOT"/llama.cpp/patches/*.patch | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$TREE/oscar-patches.sha256" 2>/dev/null)" != "$WANT" ]; then
+    (cd "$SRC" && find . -type f) | while read -r f; do
+        cmp -s "$SRC/$f" "$TREE/$f" || { mkdir -p "$(dirname "$TREE/$f")" && cp "$SRC/$f" "$TREE/$f"; }
+    done
+    echo "$WANT" > "$TREE/oscar-patches.sha256"
+fi
 # ggml-oscar as it is in the repo now plus the patches, staged, then copied over the tree's copy
 # where it differs (unchanged files keep their mtimes: ninja rebuilds only what changed)
 STAGE=$WORK/stage

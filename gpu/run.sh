@@ -226,7 +226,7 @@ profile() {
             done
         done
         PROFILE_TYPES=$types python3 - "$OUT" ${NCU_DEPTHS:-0 $depth} <<'EOF' | tee -a "$OUT/summary.txt"
-import csv, sys, pathlib, collections, re
+import csv, os, sys, pathlib, collections, re
 out = pathlib.Path(sys.argv[1])
 def load(T, d):
     rows = []
@@ -241,7 +241,6 @@ def load(T, d):
     # decode only: after the last launch of a prefill attention kernel (upstream's f16 mma/tile)
     last = max((i for i, (n, _) in enumerate(rows) if n.startswith(("flash_attn_ext_f16", "flash_attn_tile"))), default=-1)
     return rows[last + 1:]
-import os
 for d in sys.argv[2:]:
     for T in os.environ["PROFILE_TYPES"].split():
         rows = load(T, d)
