@@ -36,28 +36,31 @@ import fetch
 print(fetch.prepare(fetch.default_cache(), None, fetch.HERE / 'patches', None))" | tail -1)
 [ -d "$SRC/vendor/llama.cpp" ] && SRC=$SRC/vendor/llama.cpp
 [ -f "$SRC/CMakeLists.txt" ] || { echo "build_local: no patched tree at $SRC" >&2; exit 2; }
+# sync_changed FROM TO: copy the files of FROM that differ in TO (unchanged files keep their
+# mtimes, so ninja rebuilds only what changed); *.orig (left by patch) stays behind
+sync_changed() {
+    (cd "$1" && find . -type f ! -name "*.orig") | while read -r f; do
+        cmp -s "$1/$f" "$2/$f" || { mkdir -p "$(dirname "$2/$f")" && cp "$1/$f" "$2/$f"; }
+    done
+}
+
 if [ ! -d "$TREE" ]; then
     mkdir -p "$WORK" && cp -r "$SRC" "$TREE"
 fi
-# the tree follows the patch series: after a patch changed, the files that differ are copied over
-# (only those: ninja then rebuilds what they touch), then the stamp is renewed
+# the tree follows the patch series: after a patch changed, what differs is copied over and the
+# stamp renewed
 WANT=$(cat "$ROOT"/llama.cpp/patches/*.patch | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$TREE/oscar-patches.sha256" 2>/dev/null)" != "$WANT" ]; then
-    (cd "$SRC" && find . -type f) | while read -r f; do
-        cmp -s "$SRC/$f" "$TREE/$f" || { mkdir -p "$(dirname "$TREE/$f")" && cp "$SRC/$f" "$TREE/$f"; }
-    done
+    sync_changed "$SRC" "$TREE"
     echo "$WANT" > "$TREE/oscar-patches.sha256"
 fi
-# ggml-oscar as it is in the repo now plus the patches, staged, then copied over the tree's copy
-# where it differs (unchanged files keep their mtimes: ninja rebuilds only what changed)
+# ggml-oscar as it is in the repo now plus the patches, staged, then synced into the tree
 STAGE=$WORK/stage
 rm -rf "$STAGE" && mkdir -p "$STAGE" && cp -r "$ROOT/ggml-oscar" "$STAGE/"
 for p in "$@"; do
     patch -p1 -s -d "$STAGE" < "$p" || { echo "build_local: $p does not apply" >&2; exit 2; }
 done
-(cd "$STAGE/ggml-oscar" && find . -type f ! -name "*.orig") | while read -r f; do
-    cmp -s "$STAGE/ggml-oscar/$f" "$TREE/ggml/src/ggml-oscar/$f" || cp "$STAGE/ggml-oscar/$f" "$TREE/ggml/src/ggml-oscar/$f"
-done
+sync_changed "$STAGE/ggml-oscar" "$TREE/ggml/src/ggml-oscar"
 
 if [ ! -f "$BUILD/build.ninja" ]; then
     cmake -S "$TREE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -267,12 +267,10 @@ EOF
     log "profile at depth $depth: f16, oscar2, oscar2 without window, without rotations, without both"
     local name args
     for name in f16 oscar2 nowin norot nowin_norot; do
+        # nowin_norot -> oscar2:nowin:norot (variant_args)
         case $name in
-            f16)         args=(-ctk f16 -ctv f16) ;;
-            oscar2)      args=(-ctk oscar2 -ctv oscar2) ;;
-            nowin)       args=(-ctk oscar2 -ctv oscar2 --oscar-sink 0 --oscar-recent 0) ;;
-            norot)       args=(-ctk oscar2 -ctv oscar2 --oscar-rot none) ;;
-            nowin_norot) args=(-ctk oscar2 -ctv oscar2 --oscar-sink 0 --oscar-recent 0 --oscar-rot none) ;;
+            f16|oscar2) args=($(variant_args $name)) ;;
+            *)          args=($(variant_args oscar2:${name//_/:})) ;;
         esac
         "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 "${args[@]}" -d 0,$depth -p 512 -n 32 -r 2 -o json > "$OUT/prof_$name.json" 2> "$OUT/prof_$name.err" \
             || log "bench $name failed: $(tail -3 "$OUT/prof_$name.err")"
@@ -338,15 +336,14 @@ for kind in ("tg", "pp"):
 EOF
 }
 
-# variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with one part changed:
-# oscar2:nowin (no window), oscar2:norot (no rotations)
+# variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
+# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither)
 variant_args() {
     local t=${1%%:*}
     echo "-ctk $t -ctv $t"
-    case $1 in
-        *:nowin) echo "--oscar-sink 0 --oscar-recent 0" ;;
-        *:norot) echo "--oscar-rot none" ;;
-    esac
+    [[ $1 == *:nowin* ]] && echo "--oscar-sink 0 --oscar-recent 0"
+    [[ $1 == *:norot* ]] && echo "--oscar-rot none"
+    return 0
 }
 
 # quick: one call's worth of checking after a kernel change, for a tight device budget
