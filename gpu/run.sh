@@ -10,7 +10,7 @@
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
-#                                 (PROFILE_TYPES="f16 oscar2 oscar2:nowin", NCU_DEPTHS, ABLATE=0, DETAIL=1)
+#                                 (PROFILE_TYPES="f16 oscar2 oscar2:nofuse", NCU_DEPTHS, ABLATE=0, DETAIL=1)
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
@@ -217,10 +217,12 @@ profile() {
         # at a depth only the attention kernels (the prefill's tell where the decode starts) and the
         # rotations are timed: timing every launch of a long prefill takes minutes (depth 0 has all)
         local filter='regex:flash_attn|k_fa_|k_rotate'
-        local types=${PROFILE_TYPES:-f16 oscar2}
+        local envs types=${PROFILE_TYPES:-f16 oscar2}
         for d in ${NCU_DEPTHS:-0 $depth}; do
             for T in $types; do
-                "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
+                envs=()
+                [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
+                env "${envs[@]}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
                     "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T}_d$d.csv" 2> "$OUT/ncu_${T}_d$d.err" \
                     || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T}_d$d.err")"
             done
@@ -337,7 +339,8 @@ EOF
 }
 
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
-# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither)
+# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither); oscar2:nofuse sets
+# GGML_CUDA_OSCAR_NO_FUSION=1 (the rotations not fused with the cache writes)
 variant_args() {
     local t=${1%%:*}
     echo "-ctk $t -ctv $t"
@@ -347,7 +350,7 @@ variant_args() {
 }
 
 # quick: one call's worth of checking after a kernel change, for a tight device budget
-# (QUICK_TYPES="oscar2 oscar2:nowin oscar2:norot f16" adds variants, QUICK_RUNS="-d 0 -n 64;-d 16384 -p 512 -n 0"
+# (QUICK_TYPES="oscar2 oscar2:nofuse f16" adds variants, QUICK_RUNS="-d 0 -n 64;-d 16384 -p 512 -n 0"
 # replaces the runs, QUICK_REPS the repetitions):
 # FLASH_ATTN_EXT CUDA vs CPU (the oscar cases of test-backend-ops), then f16 against oscar2:
 # tg64 at depths 0 and 32768, pp512 at 16384, and tg32 at 131072 last (the longest: a 131k prefill
@@ -357,12 +360,14 @@ quick() {
     pyenv
     M=$(synth_model) || return 1
     backend_ops FLASH_ATTN_EXT test-backend-ops-fa.log
-    local T args
+    local T args envs
     local runs=("-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32")
     [ -n "${QUICK_RUNS:-}" ] && IFS=';' read -ra runs <<< "$QUICK_RUNS"
     for args in "${runs[@]}"; do
         for T in ${QUICK_TYPES:-oscar2 f16}; do
-            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
+            envs=()
+            [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
+            env "${envs[@]}" "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
                 | python3 -c "
 import csv, sys
 for r in csv.DictReader(sys.stdin):

@@ -12,9 +12,11 @@
 #include "../../ggml-cuda/fattn-common.cuh" // FATTN_KQ_STRIDE
 #include "../oscar2.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstring>
+#include <vector>
 
 static constexpr __host__ __device__ int group_of(ggml_type t) {
     return t == GGML_TYPE_OSCAR2 ? QK_OSCAR2 : QK_OSCAR2_64;
@@ -1418,17 +1420,297 @@ static void rotate_cols(const ggml_tensor * dst, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// ---- dispatch -----------------------------------------------------------------------------
-
+// the clip ratio a set_rows / cpy into oscar2 carries (llama_oscar_tag_clip)
 static float op_clip(const ggml_tensor * t) {
     float c;
     memcpy(&c, t->op_params, sizeof(float));
     return c;
 }
 
+static bool rows_contiguous(const ggml_tensor * t) {
+    return t->nb[0] == ggml_type_size(t->type) && t->nb[1] >= (size_t) ggml_row_size(t->type, t->ne[0]);
+}
+
+// ---- a rotation fused with the cache writes of its result ------------------------------------
+//
+// At decode a layer's graph rotates q, v and k (one token's heads each) and then stores k and v
+// twice: into the INT2 cache (set_rows, quantized) and into the high-precision window (set_rows,
+// f16). Each of those seven nodes is a launch of a few microseconds, mostly fixed cost, where an
+// f16 cache has two (its K write is even fused into RoPE): about 1 ms of every decoded token of
+// an 8B model (2026-11-23, H100). When the set_rows nodes that store a rotation's result come
+// after it in the graph, the rotation's launch does their work and they become no-ops: three
+// launches a layer instead of seven.
+//
+// The plan is made in upstream's ggml_cuda_try_fuse (so GGML_CUDA_DISABLE_FUSION=1 turns it
+// off, and GGML_CUDA_OSCAR_NO_FUSION=1 turns off only this one): a set_rows node may move up to its rotation only if no node in between reads or writes
+// the rows it writes (checked by byte ranges). The fused launch happens when the rotation node
+// is computed; the set_rows nodes it did are then skipped. Nothing is planned across graphs.
+//
+// Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), one
+// thread per value. Thread i forms y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
+// ggml's mul_mat (and k_rotate_cols) define it, writes it to the rotation's output, and each
+// store target then takes the block's values: converted (window) or quantized by teams exactly
+// as k_oscar2_quantize does (the same sanitize and quantize_group on the same f32 values).
+
+#define OSCAR_FUSED_STORES 2  // the INT2 cache and the window
+#define OSCAR_FUSE_SCAN    32 // graph nodes after a rotation searched for its set_rows
+
+struct rot_store {
+    char *       dst;   // the set_rows destination (a row-major view of the cache or window)
+    int64_t      nb1;   // its row stride in bytes
+    const void * idx;   // its row of each token (i64 or i32, element stride idx_s)
+    int64_t      idx_s;
+    bool         idx64;
+    ggml_type    type;
+    float        clip;  // oscar2 destinations: the layer's clip ratio (op_params of the set_rows)
+};
+
+struct rot_stores {
+    rot_store s[OSCAR_FUSED_STORES];
+    int n;
+};
+
+// the block's S values (shared memory) quantized into groups of G of the oscar2 row drow
+template <int G, int S>
+static __device__ __forceinline__ void store_int2_groups(const float * sy, char * drow, const int64_t e0, const float clip) {
+    constexpr int TEAM  = G/4;
+    constexpr int BYTES = 4 + G/4;
+    constexpr int LANES = S/4;  // S/G teams of G/4 lanes
+    const int i = threadIdx.x;
+    if (i >= (LANES + WARP_SIZE - 1)/WARP_SIZE*WARP_SIZE) {
+        return; // warps with no lane of a team (whole warps take part in the shuffles)
+    }
+    const bool active = i < LANES;
+    const int g = active ? i / TEAM : 0;
+    const int b = i % TEAM;
+    float v[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        v[s] = sanitize(sy[g*G + b + s*TEAM]);
+    }
+    uint16_t dbits, mbits;
+    const uint8_t byte = quantize_group<G>(v, clip, b, dbits, mbits);
+    if (active) {
+        uint8_t * blk = (uint8_t *) drow + (e0/G + g)*BYTES;
+        blk[4 + b] = byte;
+        if (b == 0) {
+            blk[0] = (uint8_t) (dbits & 0xff); blk[1] = (uint8_t) (dbits >> 8);
+            blk[2] = (uint8_t) (mbits & 0xff); blk[3] = (uint8_t) (mbits >> 8);
+        }
+    }
+}
+
+// Grid (E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D)
+template <int D, int S>
+static __global__ void k_rotate_store(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ y,
+        const int64_t E, const rot_stores st) {
+    __shared__ float4 sx4[S/4];
+    __shared__ float  sy[S];
+    const int i = threadIdx.x;
+    const int64_t t  = blockIdx.y;
+    const int64_t e0 = (int64_t) blockIdx.x*S;
+    const int64_t base = t*E + e0;
+    ((float *) sx4)[i] = x[base + i];
+    __syncthreads();
+    const float4 * a4 = (const float4 *) (A + (int64_t) (i % D)*D);
+    const float4 * x4 = sx4 + (i / D)*(D/4);
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int k4 = 0; k4 < D/4; ++k4) {
+        const float4 av = a4[k4], xv = x4[k4];
+        acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
+    }
+    y[base + i] = acc;
+    sy[i] = acc;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < OSCAR_FUSED_STORES; ++j) {
+        if (j >= st.n) {
+            break;
+        }
+        const rot_store & s = st.s[j];
+        const int64_t row = s.idx64 ? ((const int64_t *) s.idx)[t*s.idx_s] : (int64_t) ((const int32_t *) s.idx)[t*s.idx_s];
+        char * drow = s.dst + row*s.nb1;
+        switch (s.type) {
+            case GGML_TYPE_F16:       ((half *)        drow)[e0 + i] = __float2half_rn(acc);     break;
+            case GGML_TYPE_BF16:      ((nv_bfloat16 *) drow)[e0 + i] = __float2bfloat16_rn(acc); break;
+            case GGML_TYPE_F32:       ((float *)       drow)[e0 + i] = acc;                      break;
+            case GGML_TYPE_OSCAR2:    store_int2_groups<QK_OSCAR2,    S>(sy, drow, e0, s.clip);  break;
+            case GGML_TYPE_OSCAR2_64: store_int2_groups<QK_OSCAR2_64, S>(sy, drow, e0, s.clip);  break;
+            default: break;
+        }
+    }
+}
+
+// the plan: the rotation node to fuse and the set_rows nodes it does; the set_rows done and not
+// yet reached by the graph loop. Per thread: a backend's graph is computed by one thread.
+struct fuse_plan {
+    const ggml_cgraph * graph = nullptr;
+    int last_i = -1;
+    const ggml_tensor * rot = nullptr;
+    const ggml_tensor * stores[OSCAR_FUSED_STORES] = {};
+    int n_stores = 0;
+    std::vector<const ggml_tensor *> done;
+};
+static thread_local fuse_plan g_fuse;
+
+static bool is_noop(const ggml_tensor * t) {
+    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_VIEW ||
+        t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
+}
+
+static bool bytes_overlap(const ggml_tensor * a, const ggml_tensor * b) {
+    if (!a || !b || !a->data || !b->data) {
+        return false;
+    }
+    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
+// values per block of k_rotate_store for head size d and destination type t
+static int64_t fused_span(int64_t d, ggml_type t) {
+    return oscar2_is_type(t) ? std::max<int64_t>(d, group_of(t)) : d;
+}
+
+// sr stores (a contiguous 2-D view of) the whole result of rotation rot, in a form the kernel writes
+static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
+    if (sr->op != GGML_OP_SET_ROWS || (sr->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        return false;
+    }
+    const ggml_tensor * src = sr->src[0], * idx = sr->src[1];
+    const ggml_tensor * root = src->view_src ? src->view_src : src;
+    if (root != rot || src->data != rot->data || src->type != GGML_TYPE_F32 || !ggml_is_contiguous(src) ||
+        src->ne[2] != 1 || src->ne[3] != 1 || src->ne[0]*src->ne[1] != ggml_nelements(rot)) {
+        return false;
+    }
+    if ((idx->type != GGML_TYPE_I64 && idx->type != GGML_TYPE_I32) || idx->ne[0] != src->ne[1] ||
+        idx->nb[0] != ggml_type_size(idx->type)) {
+        return false;
+    }
+    const ggml_type t = sr->type;
+    const bool type_ok = oscar2_is_type(t) || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_F32;
+    return type_ok && sr->ne[0] == src->ne[0] && sr->ne[2] == 1 && sr->ne[3] == 1 && rows_contiguous(sr) &&
+        src->ne[0] % fused_span(rot->src[0]->ne[0], t) == 0;
+}
+
+void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    fuse_plan & p = g_fuse;
+    if (cgraph != p.graph || i <= p.last_i) {
+        p = fuse_plan(); // a new pass over a graph: nothing of the last one carries over
+        p.graph = cgraph;
+    }
+    p.last_i = i;
+    // GGML_CUDA_OSCAR_NO_FUSION=1: this fusion alone off (upstream's stay on), for A/B timing
+    static const bool off = getenv("GGML_CUDA_OSCAR_NO_FUSION") && atoi(getenv("GGML_CUDA_OSCAR_NO_FUSION"));
+    const ggml_tensor * rot = cgraph->nodes[i];
+    if (off) {
+        return;
+    }
+    // upstream's concurrent streams reorder nodes; leave those graphs alone
+    if (rot->op != GGML_OP_MUL_MAT || !rotation_ok(rot) || !ctx.stream_context().concurrent_events.empty()) {
+        return;
+    }
+    const ggml_tensor * stores[OSCAR_FUSED_STORES];
+    int n = 0;
+    int64_t span = rot->src[0]->ne[0];
+    const int end = std::min(cgraph->n_nodes, i + 1 + OSCAR_FUSE_SCAN);
+    for (int j = i + 1; j < end && n < OSCAR_FUSED_STORES; ++j) {
+        const ggml_tensor * sr = cgraph->nodes[j];
+        if (is_noop(sr) || !fusable_store(rot, sr)) {
+            continue;
+        }
+        // sr moves up to node i: no node in between may touch the rows it writes
+        bool clear = true;
+        for (int k = i + 1; k < j && clear; ++k) {
+            const ggml_tensor * mid = cgraph->nodes[k];
+            if (is_noop(mid) || std::find(stores, stores + n, mid) != stores + n) {
+                continue;
+            }
+            clear = !bytes_overlap(mid, sr);
+            for (int s = 0; s < GGML_MAX_SRC && clear; ++s) {
+                clear = !bytes_overlap(mid->src[s], sr);
+            }
+        }
+        if (clear) {
+            stores[n++] = sr;
+            span = std::max(span, fused_span(rot->src[0]->ne[0], sr->type));
+        }
+    }
+    // every store's row must split into whole blocks of the common span
+    for (int s = 0; s < n; ++s) {
+        if (stores[s]->ne[0] % span != 0) {
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        p.rot = rot;
+        p.n_stores = n;
+        std::copy(stores, stores + n, p.stores);
+    }
+}
+
+template <int D>
+static void launch_rotate_store(const ggml_tensor * rot, const rot_stores & st, int64_t E, int64_t T, int S, cudaStream_t stream) {
+    const float * a = (const float *) rot->src[0]->data, * x = (const float *) rot->src[1]->data;
+    float * y = (float *) rot->data;
+    const dim3 grid((unsigned) (E/S), (unsigned) T);
+    if (S == D) {
+        k_rotate_store<D, D><<<grid, D, 0, stream>>>(a, x, y, E, st);
+    } else if (S == 2*D && D <= 128) {
+        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(a, x, y, E, st);
+    } else {
+        GGML_ABORT("oscar2: no fused rotation of head size %d in blocks of %d values", D, S);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// the planned rotation with its stores, in one launch (false: rot is not the planned one)
+static bool rotate_store(const ggml_tensor * rot, cudaStream_t stream) {
+    fuse_plan & p = g_fuse;
+    if (p.rot != rot) {
+        return false;
+    }
+    const int64_t D = rot->src[0]->ne[0];
+    const int64_t E = p.stores[0]->src[0]->ne[0], T = p.stores[0]->src[0]->ne[1];
+    int64_t S = D;
+    rot_stores st = {};
+    for (int s = 0; s < p.n_stores; ++s) {
+        const ggml_tensor * sr = p.stores[s], * idx = sr->src[1];
+        S = std::max(S, fused_span(D, sr->type));
+        st.s[s] = { (char *) sr->data, (int64_t) sr->nb[1], idx->data, 1, idx->type == GGML_TYPE_I64, sr->type,
+                    oscar2_is_type(sr->type) ? op_clip(sr) : 0.0f };
+        p.done.push_back(sr);
+    }
+    st.n = p.n_stores;
+    switch (D) {
+        case  64: launch_rotate_store< 64>(rot, st, E, T, (int) S, stream); break;
+        case 128: launch_rotate_store<128>(rot, st, E, T, (int) S, stream); break;
+        case 256: launch_rotate_store<256>(rot, st, E, T, (int) S, stream); break;
+    }
+    p.rot = nullptr;
+    p.n_stores = 0;
+    return true;
+}
+
+// a set_rows node that a fused rotation already did
+static bool store_done(const ggml_tensor * sr) {
+    auto & done = g_fuse.done;
+    const auto it = std::find(done.begin(), done.end(), sr);
+    if (it == done.end()) {
+        return false;
+    }
+    done.erase(it);
+    return true;
+}
+
+// ---- dispatch -----------------------------------------------------------------------------
+
 bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (dst->op) {
         case GGML_OP_SET_ROWS:
+            if (store_done(dst)) {
+                return true; // written by the fused rotation before it (window rows too)
+            }
             if (!oscar2_is_type(dst->type)) {
                 return false;
             }
@@ -1463,15 +1745,13 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
             if (!rotation_ok(dst)) {
                 return false;
             }
-            rotate_cols(dst, ctx.stream());
+            if (!rotate_store(dst, ctx.stream())) {
+                rotate_cols(dst, ctx.stream());
+            }
             return true;
         default:
             return false;
     }
-}
-
-static bool rows_contiguous(const ggml_tensor * t) {
-    return t->nb[0] == ggml_type_size(t->type) && t->nb[1] >= (size_t) ggml_row_size(t->type, t->ne[0]);
 }
 
 int ggml_cuda_oscar2_supports_op(int device, const ggml_tensor * op) {
