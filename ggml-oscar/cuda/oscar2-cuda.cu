@@ -58,9 +58,9 @@ template <> __device__ __forceinline__ float to_f32<half>(half x) { return __hal
 // the k-th smallest (0-based) of the team's G values a >= 0 (finite: sanitize ran), as every
 // lane of the team sees it. The CPU reference takes the value of rank k with ties broken by
 // element index; the value is the same whichever tie is taken, so any exact selection agrees.
-// sm_80+: a radix select on the bit patterns (non-negative floats order like their bits), one
-// warp reduction per bit; the pairwise ranking below it was 128 shuffles and 512 compares per
-// lane, about half of the cache write's 6 us at decode (ncu, H100, 2026-11-23).
+// sm_80+: a radix select on the bit patterns (non-negative floats order like their bits), two
+// bits a step; the pairwise ranking below it was 128 shuffles and 512 compares per lane, about
+// half of the cache write's 6 us at decode (ncu, H100, 2026-11-23).
 template <int G>
 static __device__ __forceinline__ float kth_smallest(const float a[4], const int k, const int b) {
     constexpr int TEAM = G/4;
@@ -73,20 +73,29 @@ static __device__ __forceinline__ float kth_smallest(const float a[4], const int
     for (int s = 0; s < 4; ++s) {
         u[s] = __float_as_uint(a[s]);
     }
+    // two bits a step (bits 31 and 30 first; bit 31 is 0 in every value): the three counts of a
+    // step are independent reductions, so 16 steps wait for a reduction where one bit a step
+    // waited 31 times
     uint32_t prefix = 0;
     int want = k;
-    for (int bit = 30; bit >= 0; --bit) {
-        const uint32_t above = ~((2u << bit) - 1u);
-        uint32_t c = 0;
+    auto team_count = [&](uint32_t c) { return (int) ((__reduce_add_sync(0xffffffff, c << shift) >> shift) & 0xffffu); };
+#pragma unroll 1
+    for (int bit = 30; bit >= 0; bit -= 2) {
+        const uint32_t above = bit == 30 ? 0u : ~((4u << bit) - 1u);
+        uint32_t c1 = 0, c2 = 0, c3 = 0; // values under the prefix whose digit is < 1, < 2, < 3
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            c += (u[s] & above) == prefix && !((u[s] >> bit) & 1u);
+            const bool     in = (u[s] & above) == prefix;
+            const uint32_t dg = (u[s] >> bit) & 3u;
+            c1 += in && dg < 1u;
+            c2 += in && dg < 2u;
+            c3 += in && dg < 3u;
         }
-        const int n0 = (int) ((__reduce_add_sync(0xffffffff, c << shift) >> shift) & 0xffffu);
-        if (want >= n0) { // the k-th value has this bit set
-            want -= n0;
-            prefix |= 1u << bit;
-        }
+        const int n1 = team_count(c1), n2 = team_count(c2), n3 = team_count(c3);
+        // the k-th value's digit: the first count above want
+        const uint32_t dg = want < n1 ? 0u : want < n2 ? 1u : want < n3 ? 2u : 3u;
+        want -= dg == 0u ? 0 : dg == 1u ? n1 : dg == 2u ? n2 : n3;
+        prefix |= dg << bit;
     }
     GGML_UNUSED(b);
     return __uint_as_float(prefix);
@@ -969,13 +978,13 @@ static bool launch_partial_types(ggml_type kt, ggml_type vt, const fa_source & s
 template <int D, ggml_type T, ggml_type WT>
 static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
         int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
-    const dim3 grid(p.n_head_kv*p.ne3, ns_win + ns_main, n_groups);
+    const dim3 grid(p.n_head_kv*p.ne3, std::max(ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
     switch (nqb) {
-        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
-        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
-        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
-        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, rps_main, ns_win, rps_win); break;
+        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
+        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
+        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
+        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
         default: GGML_ABORT("oscar2 attention: %d queries per block on the mma kernel", nqb);
     }
     CUDA_CHECK(cudaGetLastError());
@@ -1068,17 +1077,21 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
     const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
     if (mma) {
-        // one launch: the window's blocks come first and are short (64 f16 rows, four steps of a
-        // warp, most of them masked: the window view spans every slot a prefill's ubatch used,
-        // 1024 rows after a 512-token ubatch, of which sink + recent are live); the cache's splits
-        // fill a full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per SM, and those that find no free
-        // SM start a few microseconds late, when the window's are done. (Giving the window slots
-        // of its own left 27% of the SM cycles idle at 32k rows. Blocks of 16 rows made 64 window
-        // partials per query at 32k, 57% of what the combine reads.)
-        if (Kw) {
-            split((int) Kw->ne[1], 64, 4*n_sm, ns_win, rps_win);
-        }
+        // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
+        // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma):
+        // chunks of 16 to 64 rows, as many as there are cache splits where the window allows.
+        // Most window rows are masked (the view spans every slot a prefill's ubatch used, 1024
+        // rows after a 512-token ubatch, of which sink + recent are live) and cost only their
+        // mask; at small depths, with few cache splits, the window gets blocks of its own.
+        // (Blocks of 16 rows for the whole window made 64 window partials per query at 32k, 57%
+        // of what the combine reads.)
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
+        if (Kw) {
+            const int nw = (int) Kw->ne[1];
+            rps_win = (nw + ns_main - 1)/ns_main;
+            rps_win = std::min(64, std::max(16, (rps_win + 15)/16*16));
+            ns_win  = (nw + rps_win - 1)/rps_win;
+        }
     } else {
         split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
               ns_main, rps_main);
@@ -1446,11 +1459,12 @@ static bool rows_contiguous(const ggml_tensor * t) {
 // the rows it writes (checked by byte ranges). The fused launch happens when the rotation node
 // is computed; the set_rows nodes it did are then skipped. Nothing is planned across graphs.
 //
-// Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), one
-// thread per value. Thread i forms y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
-// ggml's mul_mat (and k_rotate_cols) define it, writes it to the rotation's output, and each
-// store target then takes the block's values: converted (window) or quantized by teams exactly
-// as k_oscar2_quantize does (the same sanitize and quantize_group on the same f32 values).
+// Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), S threads.
+// Each warp forms 32 of the values y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
+// ggml's mul_mat (and k_rotate_cols) define it (warp_rows_matvec), and writes them to the
+// rotation's output; each store target then takes the block's values: converted (window) or
+// quantized by teams exactly as k_oscar2_quantize does (the same sanitize and quantize_group on
+// the same f32 values).
 
 #define OSCAR_FUSED_STORES 2  // the INT2 cache and the window
 #define OSCAR_FUSE_SCAN    32 // graph nodes after a rotation searched for its set_rows
@@ -1500,10 +1514,59 @@ static __device__ __forceinline__ void store_int2_groups(const float * sy, char 
     }
 }
 
+// one step of the halving exchanges below: lanes l and l ^ H swap halves of their 2H partials
+// (a template per step: with a loop over H the partials were indexed at run time, in local memory)
+template <int H>
+static __device__ __forceinline__ void halving_sums(float * pj, const int l) {
+    const bool hi = l & H;
+#pragma unroll
+    for (int j = 0; j < H; ++j) {
+        const float send = hi ? pj[j] : pj[j + H];
+        const float keep = hi ? pj[j + H] : pj[j];
+        pj[j] = keep + __shfl_xor_sync(0xffffffff, send, H, WARP_SIZE);
+    }
+    if constexpr (H > 1) {
+        halving_sums<H/2>(pj, l);
+    }
+}
+
+// Rows r0 .. r0+31 of A (D x D f32, row-major) times x (shared memory), by one warp; returns
+// the lane's row (r0 + *row_off) of the product. Why not a row per thread: 32 threads reading 32
+// rows make every warp load touch 32 cache lines; here a warp load is 512 contiguous bytes
+// (LPR lanes per row, RPL rows per load). Each lane dots its columns of the 32 rows, and the
+// 32 partial vectors are summed across lanes by halving exchanges: at each step a lane keeps
+// half of its partials, sends the other half to its partner and adds what comes back (31
+// shuffles for 32 lanes), which leaves lane l with partial number l % LPR, summed.
+template <int D>
+static __device__ __forceinline__ float warp_rows_matvec(const float * __restrict__ A, const float4 * x4, const int r0, int & row_off) {
+    constexpr int D4  = D/4;
+    constexpr int LPR = D4 < WARP_SIZE ? D4 : WARP_SIZE; // lanes per row
+    constexpr int RPL = WARP_SIZE/LPR;                   // rows per warp load
+    constexpr int NJ  = WARP_SIZE/RPL;                   // partials per lane (= LPR)
+    constexpr int CPL = D4/LPR;                          // float4 loads per row and lane
+    const int l = threadIdx.x % WARP_SIZE, sub = l / LPR, c = l % LPR;
+    float pj[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        const float4 * a4 = (const float4 *) (A + (int64_t) (r0 + j*RPL + sub)*D);
+        float acc = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < CPL; ++cc) {
+            const float4 av = a4[c + cc*LPR], xv = x4[c + cc*LPR];
+            acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
+        }
+        pj[j] = acc;
+    }
+    halving_sums<NJ/2>(pj, l);
+    row_off = c*RPL + sub;
+    return pj[0];
+}
+
 // Grid (E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D)
 template <int D, int S>
 static __global__ void k_rotate_store(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ y,
         const int64_t E, const rot_stores st) {
+    static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
     const int i = threadIdx.x;
@@ -1512,17 +1575,15 @@ static __global__ void k_rotate_store(const float * __restrict__ A, const float 
     const int64_t base = t*E + e0;
     ((float *) sx4)[i] = x[base + i];
     __syncthreads();
-    const float4 * a4 = (const float4 *) (A + (int64_t) (i % D)*D);
-    const float4 * x4 = sx4 + (i / D)*(D/4);
-    float acc = 0.0f;
-#pragma unroll 16
-    for (int k4 = 0; k4 < D/4; ++k4) {
-        const float4 av = a4[k4], xv = x4[k4];
-        acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
+    {
+        const int v0 = (i / WARP_SIZE)*WARP_SIZE; // the warp's first value: head v0/D, rows v0%D..
+        int off;
+        const float v = warp_rows_matvec<D>(A, sx4 + (v0 / D)*(D/4), v0 % D, off);
+        y[base + v0 + off] = v;
+        sy[v0 + off] = v;
     }
-    y[base + i] = acc;
-    sy[i] = acc;
     __syncthreads();
+    const float acc = sy[i];
 #pragma unroll
     for (int j = 0; j < OSCAR_FUSED_STORES; ++j) {
         if (j >= st.n) {

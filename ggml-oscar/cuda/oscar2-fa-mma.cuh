@@ -22,8 +22,8 @@
 //
 // No A row is wasted in the K product: it stacks the query's hi parts (rows 0..7) over its lo
 // parts (rows 8..15); the V product puts 16 head dims in A's rows. Details above the kernel.
-// The window's f16 rows, when there is a window, are blocks of the same launch (fa_partial_rows,
-// scheduled first), so they overlap with the INT2 rows instead of costing a second launch.
+// The window's f16 rows, when there is a window, are chunks that the same launch's blocks take
+// before their INT2 rows (fa_partial_rows), so they cost no second launch.
 
 #define OSCAR_MMA_BLOCKS_PER_SM 3 // launch bounds (12 warps per SM; ncu: 8 left the kernel latency-bound); fa_vec sizes its splits by it
 #define OSCAR_MMA_ROWS 32         // rows per warp and step
@@ -94,9 +94,13 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
     return ((x >> (2*s)) & 0x03000300u) | 0x3C003C00u;
 }
 
-// Grid (n_head_kv*ne3, n_win_split + n_split, n_query_groups), 4 warps. Blocks y < ns_win run the
-// window's rows (type WT; GGML_TYPE_COUNT: no window) through fa_partial_rows; the others take
-// rows_per_split cache rows each. Partials: cache splits first, then the window's.
+// Grid (n_head_kv*ne3, max(ns_main, ns_win), n_query_groups), 4 warps. Block y first runs window
+// chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
+// fa_partial_rows if y < ns_win, then cache split y (rows_per_split rows) if y < ns_main.
+// Partials: cache splits first, then the window's. Why the window shares the cache's blocks: as
+// blocks of their own (scheduled first) they pushed a third of the cache's blocks into a second
+// wave that started only when they were done (ncu at 32k rows: 1.31 waves, SMs active 73% of
+// the kernel's 31 us); a few window rows more in some blocks cost far less than that.
 //
 // A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
 // i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
@@ -112,16 +116,18 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 //              2qq and 2qq + 1.
 template <int D, ggml_type T, ggml_type WT, int NQB>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
-static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int rows_per_split,
-        const int ns_win, const int rows_per_win_split) {
+static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int ns_main,
+        const int rows_per_split, const int ns_win, const int rows_per_win_split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
-    const int ns_main = gridDim.y - ns_win;
     if constexpr (WT != GGML_TYPE_COUNT) {
         if ((int) blockIdx.y < ns_win) {
+            // (its shared memory is its own: no barrier is needed before the cache's part)
             const int r0 = blockIdx.y*rows_per_win_split;
             fa_partial_rows<D, WT, WT, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + blockIdx.y);
-            return;
         }
+    }
+    if ((int) blockIdx.y >= ns_main) {
+        return;
     }
     constexpr int G   = group_of(T);
     constexpr int CB  = G/4;       // code bytes per group
@@ -143,7 +149,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
     const int tok0  = blockIdx.z*NT;
     const int nq    = min(NT, p.n_q - tok0)*p.gqa;
-    const int split = blockIdx.y - (WT != GGML_TYPE_COUNT ? ns_win : 0);
+    const int split = blockIdx.y;
     const int r0    = split*rows_per_split;
     const int r1    = min(src.n_rows, r0 + rows_per_split);
     const bool qok  = g < nq;
@@ -421,7 +427,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     __syncthreads();
     store_block_partial<D, 8, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, split);
 #else
-    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win);
+    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win);
     GGML_UNUSED(rows_per_win_split);
     NO_DEVICE_CODE;
 #endif
