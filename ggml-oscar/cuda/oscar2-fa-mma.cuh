@@ -89,9 +89,13 @@ static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a0, co
 #endif
 }
 
-// the f16 pair (1 + c_x/4, 1 + c_y/4) of the 2-bit codes at bit 2s of byte 1 and byte 3 of x
-static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const int s) {
-    return ((x >> (2*s)) & 0x03000300u) | 0x3C003C00u;
+// the f16 pair (1 + c_x/4, 1 + c_y/4) of the 2-bit codes at bit 2s of byte 1 and byte 3 of x;
+// one = 0x3C003C00 in a register, so that the mask and the or are one LOP3 (with both as
+// immediates ptxas made two of it: 64 instructions more per step, SASS sm_90)
+static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const int s, const uint32_t one) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x >> (2*s)), "n"(0x03000300), "r"(one)); // (a & b) | c
+    return r;
 }
 
 // Grid (n_head_kv*ne3, max(ns_main, ns_win), n_query_groups), 4 warps. Block y first runs window
@@ -222,7 +226,20 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
     const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
     const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
-    const int nbk1 = (int) src.nbk1, nbv1 = (int) src.nbv1; // row strides: (int64) r*nb1 is one IMAD.WIDE
+    // row addresses as base + (u64) row * stride with both 32-bit unsigned: one IMAD.WIDE.U32, in
+    // PTX so that ptxas keeps the 64-bit base whole (as (int64) row * stride the multiply was
+    // 64-bit, 5 to 7 instructions an address; in C++ the base was split again, two more; a step
+    // has 20 addresses). The loads through them are __ldg: global loads (plain ones through an
+    // address from PTX were generic).
+    const uint32_t nbk1 = (uint32_t) src.nbk1, nbv1 = (uint32_t) src.nbv1;
+    auto row_ptr = [](const char * base, const int r, const uint32_t nb1) {
+        uint64_t a;
+        asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(a) : "r"((uint32_t) r), "r"(nb1), "l"((uint64_t) base));
+        return (const char *) a;
+    };
+    // the code words' bases, with the lane's offset in the row folded in (not one 64-bit add a load)
+    const char * Kc = Kh + 4 + qq*KB;
+    const char * Vc = Vh + 4 + 4*vword;
     const int rlast = r1 - 1; // rows past the end read this row (in range) and are masked
 
     // one step's code words, loaded a step ahead. Own row i (0..7) is rb + 8(i/2) + 2qq + i%2.
@@ -238,27 +255,28 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     auto load_step = [&](step & st, const int rb) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const char * kr = Kh + (int64_t) min(rb + 8*t + g, rlast)*nbk1;
+            const char * kr = row_ptr(Kc, min(rb + 8*t + g, rlast), nbk1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
 #pragma unroll
                 for (int wi = 0; wi < NW; ++wi) {
-                    st.kw[t][gi][wi] = *(const uint32_t *) (kr + gi*BY + 4 + qq*KB + 4*wi);
+                    st.kw[t][gi][wi] = __ldg((const unsigned int *) (kr + gi*BY + 4*wi));
                 }
             }
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const char * vr = Vh + (int64_t) own_row(rb, i)*nbv1;
+            const char * vr = row_ptr(Vc, own_row(rb, i), nbv1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
-                st.vw[i][gi] = *(const uint32_t *) (vr + gi*BY + 4 + 4*vword);
+                st.vw[i][gi] = __ldg((const unsigned int *) (vr + gi*BY));
             }
         }
     };
     const half * mask_q = mask && qok ? mask + tok*p.mask_nb1 : nullptr;
 
     constexpr int STEP = OSCAR_FA_WARPS*R;
+    const uint32_t one = 0x3C003C00u; // f16 1.0 twice (codes_f16x2)
     step cur, nxt;
     int rb = r0 + w*R;
     if (rb < r1) {
@@ -274,13 +292,13 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int r = rb + 8*(i/2) + 2*qq + i%2;
-            mk[i] = (qok && r < r1) ? (mask_q ? __half2float(mask_q[r]) : 0.0f) : -INFINITY;
-            const char * kr = Kh + (int64_t) own_row(rb, i)*nbk1;
-            const char * vr = Vh + (int64_t) own_row(rb, i)*nbv1;
+            mk[i] = (qok && r < r1) ? (mask_q ? __half2float(mask_q[(uint32_t) r]) : 0.0f) : -INFINITY;
+            const char * kr = row_ptr(Kh, own_row(rb, i), nbk1);
+            const char * vr = row_ptr(Vh, own_row(rb, i), nbv1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
-                kdm[i][gi] = *(const half2 *) (kr + gi*BY);
-                vdm[i][gi] = *(const half2 *) (vr + gi*BY);
+                kdm[i][gi] = __ldg((const half2 *) (kr + gi*BY));
+                vdm[i][gi] = __ldg((const half2 *) (vr + gi*BY));
             }
         }
         float sc[8];
@@ -388,8 +406,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 for (int mt = 0; mt < NTV; ++mt) {
                     const int j = jv(mt), s = sv(mt);
                     // A rows g (shift s) and g+8 (shift s+1); k = 2qq, 2qq+1 (x) and 2qq+8, 2qq+9 (y)
-                    const uint32_t a0 = codes_f16x2(x[j], s), a1 = codes_f16x2(x[j], s + 1);
-                    const uint32_t a2 = codes_f16x2(y[j], s), a3 = codes_f16x2(y[j], s + 1);
+                    const uint32_t a0 = codes_f16x2(x[j], s, one), a1 = codes_f16x2(x[j], s + 1, one);
+                    const uint32_t a2 = codes_f16x2(y[j], s, one), a3 = codes_f16x2(y[j], s + 1, one);
                     mma_f16(acc[gi][mt], a0, a1, a2, a3, pbh[2*h], pbh[2*h + 1]);
                     mma_f16(acc[gi][mt], a0, a1, a2, a3, pbl[2*h], pbl[2*h + 1]);
                 }
