@@ -323,59 +323,6 @@ static void oscar2_dequantize(const ggml_tensor * src0, const ggml_tensor * idx,
     }
 }
 
-// ---- rows of a small matrix times a vector, by one warp ----------------------------------------
-//
-// The OSCAR rotations at decode (k_rotate_store, and the combine's un-rotation of the attention
-// output): D x D f32 matrices times one head's vector.
-
-// one step of the halving exchanges below: lanes l and l ^ H swap halves of their 2H partials
-// (a template per step: with a loop over H the partials were indexed at run time, in local memory)
-template <int H>
-static __device__ __forceinline__ void halving_sums(float * pj, const int l) {
-    const bool hi = l & H;
-#pragma unroll
-    for (int j = 0; j < H; ++j) {
-        const float send = hi ? pj[j] : pj[j + H];
-        const float keep = hi ? pj[j + H] : pj[j];
-        pj[j] = keep + __shfl_xor_sync(0xffffffff, send, H, WARP_SIZE);
-    }
-    if constexpr (H > 1) {
-        halving_sums<H/2>(pj, l);
-    }
-}
-
-// Rows r0 .. r0+31 of A (D x D f32, row-major) times x (shared memory), by one warp; returns
-// the lane's row (r0 + *row_off) of the product. Why not a row per thread: 32 threads reading 32
-// rows make every warp load touch 32 cache lines; here a warp load is 512 contiguous bytes
-// (LPR lanes per row, RPL rows per load). Each lane dots its columns of the 32 rows, and the
-// 32 partial vectors are summed across lanes by halving exchanges: at each step a lane keeps
-// half of its partials, sends the other half to its partner and adds what comes back (31
-// shuffles for 32 lanes), which leaves lane l with partial number l % LPR, summed.
-template <int D>
-static __device__ __forceinline__ float warp_rows_matvec(const float * __restrict__ A, const float4 * x4, const int r0, int & row_off) {
-    constexpr int D4  = D/4;
-    constexpr int LPR = D4 < WARP_SIZE ? D4 : WARP_SIZE; // lanes per row
-    constexpr int RPL = WARP_SIZE/LPR;                   // rows per warp load
-    constexpr int NJ  = WARP_SIZE/RPL;                   // partials per lane (= LPR)
-    constexpr int CPL = D4/LPR;                          // float4 loads per row and lane
-    const int l = threadIdx.x % WARP_SIZE, sub = l / LPR, c = l % LPR;
-    float pj[NJ];
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        const float4 * a4 = (const float4 *) (A + (int64_t) (r0 + j*RPL + sub)*D);
-        float acc = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < CPL; ++cc) {
-            const float4 av = a4[c + cc*LPR], xv = x4[c + cc*LPR];
-            acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
-        }
-        pj[j] = acc;
-    }
-    halving_sums<NJ/2>(pj, l);
-    row_off = c*RPL + sub;
-    return pj[0];
-}
-
 // ---- flash attention: split-KV decode kernel ---------------------------------------------------
 //
 // Grid (n_head_kv*ne3, n_split, n_query_groups), 4 warps. A block takes the g query heads of one
@@ -878,15 +825,10 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
 #define OSCAR_COMBINE_THREADS 256
 #define OSCAR_COMBINE_DIMS 32 // head dims per block
 
-//
-// ROT: the block also un-rotates its query's output, rot_dst = rot_A x (the tagged mul_mat that
-// llama.cpp puts right after the attention; see plan_unrotation): the grid is (queries, 1) and
-// the block takes every head dim, as float4 columns of the partials, then warp_rows_matvec.
-template <int D, bool ROT>
+template <int D>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
 static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
-        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head,
-        const float * __restrict__ rot_A, float * __restrict__ rot_dst) {
+        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
     constexpr int NW = NT/WARP_SIZE;
     constexpr int TD = OSCAR_COMBINE_DIMS; // threads along the head dims
@@ -940,44 +882,6 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     }
     const float inv = l > 0.0f ? 1.0f/l : 0.0f;
 
-    if constexpr (ROT) {
-        constexpr int T4 = D/4, PS4 = NT/T4; // float4 columns, slices of the partials
-        __shared__ float4 sh_acc4[PS4][T4];
-        __shared__ float4 sh_x4[T4];
-        const int t4 = tid % T4, ps = tid / T4;
-        const float4 * pa = (const float4 *) (part_acc + qi*n_part*D) + t4;
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-        for (int s = ps; s < n_part; s += PS4) {
-            const float w = sh_w[s];
-            const float4 x = pa[(int64_t) s*T4];
-            if (w != 0.0f) { // an empty partial's bytes stay out of the sum
-                a.x += w*x.x; a.y += w*x.y; a.z += w*x.z; a.w += w*x.w;
-            }
-        }
-        sh_acc4[ps][t4] = a;
-        __syncthreads();
-        if (tid < T4) {
-            float4 x = sh_acc4[0][tid];
-#pragma unroll
-            for (int i = 1; i < PS4; ++i) {
-                const float4 y = sh_acc4[i][tid];
-                x.x += y.x; x.y += y.y; x.z += y.z; x.w += y.w;
-            }
-            x = make_float4(x.x*inv, x.y*inv, x.z*inv, x.w*inv);
-            ((float4 *) (dst + qi*D))[tid] = x;
-            sh_x4[tid] = x;
-        }
-        __syncthreads();
-        if (warp < D/WARP_SIZE) {
-            int off;
-            const float y = warp_rows_matvec<D>(rot_A, sh_x4, warp*WARP_SIZE, off);
-            rot_dst[qi*D + warp*WARP_SIZE + off] = y;
-        }
-        return;
-    }
-    GGML_UNUSED(rot_A); GGML_UNUSED(rot_dst);
-
     const int td = tid % TD, ps = tid / TD;
     const int d  = blockIdx.y*TD + td;
     const float * pa = part_acc + qi*n_part*D + d;
@@ -1000,26 +904,13 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     }
 }
 
-template <int D>
-static void launch_combine_d(const fa_params & p, const float * sinks, float * dst, int64_t n_queries,
-        const float * rot_A, float * rot_dst, cudaStream_t stream) {
+static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries, cudaStream_t stream) {
     const size_t smem = (size_t) p.n_part*sizeof(float);
-    if (rot_A) {
-        k_fa_combine<D, true><<<dim3(n_queries, 1), OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst,
-                p.n_part, p.n_head, rot_A, rot_dst);
-    } else {
-        k_fa_combine<D, false><<<dim3(n_queries, D/OSCAR_COMBINE_DIMS), OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml,
-                sinks, dst, p.n_part, p.n_head, nullptr, nullptr);
-    }
-}
-
-// rot_A (null: none): also write rot_dst = rot_A times each query's output (D x D f32)
-static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries, cudaStream_t stream,
-        const float * rot_A = nullptr, float * rot_dst = nullptr) {
+    const dim3 grid(n_queries, D/OSCAR_COMBINE_DIMS);
     switch (D) {
-        case  64: launch_combine_d< 64>(p, sinks, dst, n_queries, rot_A, rot_dst, stream); break;
-        case 128: launch_combine_d<128>(p, sinks, dst, n_queries, rot_A, rot_dst, stream); break;
-        case 256: launch_combine_d<256>(p, sinks, dst, n_queries, rot_A, rot_dst, stream); break;
+        case  64: k_fa_combine< 64><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 128: k_fa_combine<128><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case 256: k_fa_combine<256><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
         default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
     }
 }
@@ -1143,10 +1034,6 @@ static bool vec_path_ok(const ggml_tensor * dst) {
         (!dst->src[5] || vec_types_ok(dst->src[5]->type, dst->src[6]->type, K->ne[0]));
 }
 
-// the un-rotation of dst's output planned for the combine (null: none), marked done (below, with
-// the fusion planning)
-static const ggml_tensor * take_planned_unrotation(const ggml_tensor * fa);
-
 static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
     const ggml_tensor * sinks = dst->src[4], * Kw = dst->src[5], * Vw = dst->src[6];
@@ -1252,9 +1139,7 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         }
         GGML_ASSERT(ok && "oscar2 attention: no kernel for the window types");
     }
-    const ggml_tensor * unrot = take_planned_unrotation(dst);
-    launch_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, stream,
-                   unrot ? (const float *) unrot->src[0]->data : nullptr, unrot ? (float *) unrot->data : nullptr);
+    launch_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, stream);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1629,6 +1514,54 @@ static __device__ __forceinline__ void store_int2_groups(const float * sy, char 
     }
 }
 
+// one step of the halving exchanges below: lanes l and l ^ H swap halves of their 2H partials
+// (a template per step: with a loop over H the partials were indexed at run time, in local memory)
+template <int H>
+static __device__ __forceinline__ void halving_sums(float * pj, const int l) {
+    const bool hi = l & H;
+#pragma unroll
+    for (int j = 0; j < H; ++j) {
+        const float send = hi ? pj[j] : pj[j + H];
+        const float keep = hi ? pj[j + H] : pj[j];
+        pj[j] = keep + __shfl_xor_sync(0xffffffff, send, H, WARP_SIZE);
+    }
+    if constexpr (H > 1) {
+        halving_sums<H/2>(pj, l);
+    }
+}
+
+// Rows r0 .. r0+31 of A (D x D f32, row-major) times x (shared memory), by one warp; returns
+// the lane's row (r0 + *row_off) of the product. Why not a row per thread: 32 threads reading 32
+// rows make every warp load touch 32 cache lines; here a warp load is 512 contiguous bytes
+// (LPR lanes per row, RPL rows per load). Each lane dots its columns of the 32 rows, and the
+// 32 partial vectors are summed across lanes by halving exchanges: at each step a lane keeps
+// half of its partials, sends the other half to its partner and adds what comes back (31
+// shuffles for 32 lanes), which leaves lane l with partial number l % LPR, summed.
+template <int D>
+static __device__ __forceinline__ float warp_rows_matvec(const float * __restrict__ A, const float4 * x4, const int r0, int & row_off) {
+    constexpr int D4  = D/4;
+    constexpr int LPR = D4 < WARP_SIZE ? D4 : WARP_SIZE; // lanes per row
+    constexpr int RPL = WARP_SIZE/LPR;                   // rows per warp load
+    constexpr int NJ  = WARP_SIZE/RPL;                   // partials per lane (= LPR)
+    constexpr int CPL = D4/LPR;                          // float4 loads per row and lane
+    const int l = threadIdx.x % WARP_SIZE, sub = l / LPR, c = l % LPR;
+    float pj[NJ];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        const float4 * a4 = (const float4 *) (A + (int64_t) (r0 + j*RPL + sub)*D);
+        float acc = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < CPL; ++cc) {
+            const float4 av = a4[c + cc*LPR], xv = x4[c + cc*LPR];
+            acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
+        }
+        pj[j] = acc;
+    }
+    halving_sums<NJ/2>(pj, l);
+    row_off = c*RPL + sub;
+    return pj[0];
+}
+
 // Grid (E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D)
 template <int D, int S>
 static __global__ void k_rotate_store(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ y,
@@ -1678,8 +1611,6 @@ struct fuse_plan {
     const ggml_tensor * rot = nullptr;
     const ggml_tensor * stores[OSCAR_FUSED_STORES] = {};
     int n_stores = 0;
-    const ggml_tensor * fa    = nullptr; // a flash attention whose combine does ...
-    const ggml_tensor * unrot = nullptr; // ... this un-rotation of its output
     std::vector<const ggml_tensor *> done;
 };
 static thread_local fuse_plan g_fuse;
@@ -1723,45 +1654,6 @@ static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
         src->ne[0] % fused_span(rot->src[0]->ne[0], t) == 0;
 }
 
-// The attention output's un-rotation (llama_oscar_unrotate_out: a tagged rotation of the
-// flash attention's result, through reshapes only) is done by the attention's combine, which
-// has each query's whole output vector in one block: one launch less per layer at decode. Only
-// no-op nodes (views) may lie between the two, so nothing else can touch the rows in between.
-static void plan_unrotation(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, const int i) {
-    fuse_plan & p = g_fuse;
-    const ggml_tensor * fa = cgraph->nodes[i];
-    if (!fa_is_ours(fa) || !vec_path_ok(fa) || fa->type != GGML_TYPE_F32 || !ggml_is_contiguous(fa) ||
-        !ctx.stream_context().concurrent_events.empty()) {
-        return;
-    }
-    const int end = std::min(cgraph->n_nodes, i + 1 + OSCAR_FUSE_SCAN);
-    for (int j = i + 1; j < end; ++j) {
-        const ggml_tensor * t = cgraph->nodes[j];
-        if (is_noop(t)) {
-            continue;
-        }
-        const ggml_tensor * x = t->op == GGML_OP_MUL_MAT ? t->src[1] : nullptr;
-        if (x && rotation_ok(t) && (t->flags & GGML_TENSOR_FLAG_COMPUTE) && x->data == fa->data &&
-            ggml_nelements(x) == ggml_nelements(fa) && t->src[0]->ne[0] == fa->ne[0]) {
-            p.fa    = fa;
-            p.unrot = t;
-        }
-        return; // the first node that does something ends the search
-    }
-}
-
-static const ggml_tensor * take_planned_unrotation(const ggml_tensor * fa) {
-    fuse_plan & p = g_fuse;
-    if (p.fa != fa || !p.unrot) {
-        return nullptr;
-    }
-    const ggml_tensor * t = p.unrot;
-    p.done.push_back(t);
-    p.fa    = nullptr;
-    p.unrot = nullptr;
-    return t;
-}
-
 void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     fuse_plan & p = g_fuse;
     if (cgraph != p.graph || i <= p.last_i) {
@@ -1773,10 +1665,6 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
     static const bool off = getenv("GGML_CUDA_OSCAR_NO_FUSION") && atoi(getenv("GGML_CUDA_OSCAR_NO_FUSION"));
     const ggml_tensor * rot = cgraph->nodes[i];
     if (off) {
-        return;
-    }
-    if (rot->op == GGML_OP_FLASH_ATTN_EXT) {
-        plan_unrotation(ctx, cgraph, i);
         return;
     }
     // upstream's concurrent streams reorder nodes; leave those graphs alone
@@ -1865,10 +1753,10 @@ static bool rotate_store(const ggml_tensor * rot, cudaStream_t stream) {
     return true;
 }
 
-// a node (set_rows, un-rotation) that a fused launch already did
-static bool node_done(const ggml_tensor * t) {
+// a set_rows node that a fused rotation already did
+static bool store_done(const ggml_tensor * sr) {
     auto & done = g_fuse.done;
-    const auto it = std::find(done.begin(), done.end(), t);
+    const auto it = std::find(done.begin(), done.end(), sr);
     if (it == done.end()) {
         return false;
     }
@@ -1881,7 +1769,7 @@ static bool node_done(const ggml_tensor * t) {
 bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (dst->op) {
         case GGML_OP_SET_ROWS:
-            if (node_done(dst)) {
+            if (store_done(dst)) {
                 return true; // written by the fused rotation before it (window rows too)
             }
             if (!oscar2_is_type(dst->type)) {
@@ -1917,9 +1805,6 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
         case GGML_OP_MUL_MAT:
             if (!rotation_ok(dst)) {
                 return false;
-            }
-            if (node_done(dst)) {
-                return true; // the attention's combine wrote it
             }
             if (!rotate_store(dst, ctx.stream())) {
                 rotate_cols(dst, ctx.stream());
