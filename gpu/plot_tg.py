@@ -46,6 +46,8 @@ def main() -> None:
         "Llama-3.1-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-llama3-8b"),
         "Qwen3-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-qwen3-8b"),
         "Llama-3.1-8B shape, tg (new combine, 1 rep)": quick_series(RESULTS / "2026-11-23-combine" / "quick.txt"),
+        "Llama-3.1-8B shape, tg (2026-11-24, 7ea79be, 1-2 reps)":
+            quick_series(RESULTS / "2026-11-24-decode-fixed-costs" / "quick-7ea79be.txt"),
     }
     out = rate_vs_depth(panels, REPO / "docs" / "gpu-h100-tg.png",
                         "decode tokens/s against depth, H100, llama-bench -fa 1, random q4_0 weights")
