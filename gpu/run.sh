@@ -217,14 +217,13 @@ profile() {
         # at a depth only the attention kernels (the prefill's tell where the decode starts) and the
         # rotations are timed: timing every launch of a long prefill takes minutes (depth 0 has all)
         local filter='regex:flash_attn|k_fa_|k_rotate'
-        local envs types=${PROFILE_TYPES:-f16 oscar2}
+        local types=${PROFILE_TYPES:-f16 oscar2}
         for d in ${NCU_DEPTHS:-0 $depth}; do
             for T in $types; do
-                envs=()
-                [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
-                env "${envs[@]}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
-                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T}_d$d.csv" 2> "$OUT/ncu_${T}_d$d.err" \
-                    || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T}_d$d.err")"
+                # (file names without ':', which the device's file transfer refuses)
+                env $(variant_env $T) "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
+                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T//:/_}_d$d.csv" 2> "$OUT/ncu_${T//:/_}_d$d.err" \
+                    || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T//:/_}_d$d.err")"
             done
         done
         PROFILE_TYPES=$types python3 - "$OUT" ${NCU_DEPTHS:-0 $depth} <<'EOF' | tee -a "$OUT/summary.txt"
@@ -232,7 +231,7 @@ import csv, os, sys, pathlib, collections, re
 out = pathlib.Path(sys.argv[1])
 def load(T, d):
     rows = []
-    lines = (out / f"ncu_{T}_d{d}.csv").read_text(errors="replace").splitlines()
+    lines = (out / f"ncu_{T.replace(':', '_')}_d{d}.csv").read_text(errors="replace").splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
     for r in csv.DictReader(lines[start:] if start is not None else []):
         if r.get("Metric Name") != "gpu__time_duration.sum":
@@ -339,8 +338,12 @@ EOF
 }
 
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
-# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither); oscar2:nofuse sets
-# GGML_CUDA_OSCAR_NO_FUSION=1 (the rotations not fused with the cache writes)
+# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither);
+# variant_env NAME: its environment (oscar2:nofuse: the rotations not fused with the cache writes)
+variant_env() {
+    [[ $1 == *:nofuse* ]] && echo GGML_CUDA_OSCAR_NO_FUSION=1
+    return 0
+}
 variant_args() {
     local t=${1%%:*}
     echo "-ctk $t -ctv $t"
@@ -360,14 +363,12 @@ quick() {
     pyenv
     M=$(synth_model) || return 1
     backend_ops FLASH_ATTN_EXT test-backend-ops-fa.log
-    local T args envs
+    local T args
     local runs=("-d 0,32768 -p 0 -n 64" "-d 16384 -p 512 -n 0" "-d 131072 -p 0 -n 32")
     [ -n "${QUICK_RUNS:-}" ] && IFS=';' read -ra runs <<< "$QUICK_RUNS"
     for args in "${runs[@]}"; do
         for T in ${QUICK_TYPES:-oscar2 f16}; do
-            envs=()
-            [[ $T == *:nofuse ]] && envs=(GGML_CUDA_OSCAR_NO_FUSION=1)
-            env "${envs[@]}" "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
+            env $(variant_env $T) "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
                 | python3 -c "
 import csv, sys
 for r in csv.DictReader(sys.stdin):
