@@ -1458,8 +1458,8 @@ static bool rows_contiguous(const ggml_tensor * t) {
 // The plan is made in upstream's ggml_cuda_try_fuse (so GGML_CUDA_DISABLE_FUSION=1 turns it
 // off, and GGML_CUDA_OSCAR_NO_FUSION=1 turns off only this one): a set_rows node may move up to
 // its rotation only if no node in between reads or writes the rows it writes (checked by byte
-// ranges). The fused launch happens when the rotation node
-// is computed; the set_rows nodes it did are then skipped. Nothing is planned across graphs.
+// ranges). The fused launch happens when the rotation node is computed; the set_rows nodes it
+// did are then skipped. Nothing is planned across graphs.
 //
 // Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), S threads.
 // Each warp forms 32 of the values y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
@@ -1613,6 +1613,7 @@ struct fuse_plan {
     const ggml_tensor * rot = nullptr;
     const ggml_tensor * stores[OSCAR_FUSED_STORES] = {};
     int n_stores = 0;
+    int64_t span = 0; // values per block of k_rotate_store (fused_span of every store)
     std::vector<const ggml_tensor *> done;
 };
 static thread_local fuse_plan g_fuse;
@@ -1708,6 +1709,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
     if (n > 0) {
         p.rot = rot;
         p.n_stores = n;
+        p.span = span;
         std::copy(stores, stores + n, p.stores);
     }
 }
@@ -1735,20 +1737,19 @@ static bool rotate_store(const ggml_tensor * rot, cudaStream_t stream) {
     }
     const int64_t D = rot->src[0]->ne[0];
     const int64_t E = p.stores[0]->src[0]->ne[0], T = p.stores[0]->src[0]->ne[1];
-    int64_t S = D;
+    const int S = (int) p.span;
     rot_stores st = {};
     for (int s = 0; s < p.n_stores; ++s) {
         const ggml_tensor * sr = p.stores[s], * idx = sr->src[1];
-        S = std::max(S, fused_span(D, sr->type));
         st.s[s] = { (char *) sr->data, (int64_t) sr->nb[1], idx->data, 1, idx->type == GGML_TYPE_I64, sr->type,
                     oscar2_is_type(sr->type) ? op_clip(sr) : 0.0f };
         p.done.push_back(sr);
     }
     st.n = p.n_stores;
     switch (D) {
-        case  64: launch_rotate_store< 64>(rot, st, E, T, (int) S, stream); break;
-        case 128: launch_rotate_store<128>(rot, st, E, T, (int) S, stream); break;
-        case 256: launch_rotate_store<256>(rot, st, E, T, (int) S, stream); break;
+        case  64: launch_rotate_store< 64>(rot, st, E, T, S, stream); break;
+        case 128: launch_rotate_store<128>(rot, st, E, T, S, stream); break;
+        case 256: launch_rotate_store<256>(rot, st, E, T, S, stream); break;
     }
     p.rot = nullptr;
     p.n_stores = 0;
