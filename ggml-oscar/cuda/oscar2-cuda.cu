@@ -978,13 +978,15 @@ static bool launch_partial_types(ggml_type kt, ggml_type vt, const fa_source & s
 template <int D, ggml_type T, ggml_type WT>
 static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
         int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
-    const dim3 grid(p.n_head_kv*p.ne3, std::max(ns_main, ns_win), n_groups);
+    // the window's blocks are their own when there are more of them than cache splits
+    const int main0 = ns_win > ns_main ? ns_win : 0;
+    const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
     switch (nqb) {
-        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
-        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
-        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
-        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, ns_main, rps_main, ns_win, rps_win); break;
+        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
+        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
+        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
+        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
         default: GGML_ABORT("oscar2 attention: %d queries per block on the mma kernel", nqb);
     }
     CUDA_CHECK(cudaGetLastError());
@@ -1082,7 +1084,8 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         // chunks of 16 to 64 rows, as many as there are cache splits where the window allows.
         // Most window rows are masked (the view spans every slot a prefill's ubatch used, 1024
         // rows after a 512-token ubatch, of which sink + recent are live) and cost only their
-        // mask; at small depths, with few cache splits, the window gets blocks of its own.
+        // mask; at small depths, with fewer cache splits than window chunks, the window gets
+        // blocks of its own (launch_int2_mma_t).
         // (Blocks of 16 rows for the whole window made 64 window partials per query at 32k, 57%
         // of what the combine reads.)
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
@@ -1486,6 +1489,14 @@ struct rot_stores {
     int n;
 };
 
+// a second rotation by the same matrix, done by the same launch (blocks past the first's): q,
+// whose rotation the graph builds after k's cache writes (llama_oscar_rotate_q)
+struct rot_sibling {
+    const float * x; // [E, tokens] f32, contiguous, as the first rotation's
+    float *       y;
+    int64_t       E; // 0: none
+};
+
 // the block's S values (shared memory) quantized into groups of G of the oscar2 row drow
 template <int G, int S>
 static __device__ __forceinline__ void store_int2_groups(const float * sy, char * drow, const int64_t e0, const float clip) {
@@ -1532,56 +1543,94 @@ static __device__ __forceinline__ void halving_sums(float * pj, const int l) {
     }
 }
 
-// Rows r0 .. r0+31 of A (D x D f32, row-major) times x (shared memory), by one warp; returns
-// the lane's row (r0 + *row_off) of the product. Why not a row per thread: 32 threads reading 32
-// rows make every warp load touch 32 cache lines; here a warp load is 512 contiguous bytes
-// (LPR lanes per row, RPL rows per load). Each lane dots its columns of the 32 rows, and the
-// 32 partial vectors are summed across lanes by halving exchanges: at each step a lane keeps
-// half of its partials, sends the other half to its partner and adds what comes back (31
-// shuffles for 32 lanes), which leaves lane l with partial number l % LPR, summed.
+// Rows r0 .. r0+31 of A (D x D f32, row-major) times x (shared memory), by one warp: load()
+// then dot(), which returns the lane's row (r0 + row_off) of the product. Why not a row per
+// thread: 32 threads reading 32 rows make every warp load touch 32 cache lines; here a warp load
+// is 512 contiguous bytes (LPR lanes per row, RPL rows per load). Each lane dots its columns of
+// the 32 rows, and the 32 partial vectors are summed across lanes by halving exchanges: at each
+// step a lane keeps half of its partials, sends the other half to its partner and adds what
+// comes back (31 shuffles for 32 lanes), which leaves lane l with partial number l % LPR, summed.
+// load() holds A's part in registers (up to 32 float4; D = 256 loads in dot()), so that the
+// caller can issue it before it waits for x: A usually comes from DRAM, x from L2.
 template <int D>
-static __device__ __forceinline__ float warp_rows_matvec(const float * __restrict__ A, const float4 * x4, const int r0, int & row_off) {
-    constexpr int D4  = D/4;
-    constexpr int LPR = D4 < WARP_SIZE ? D4 : WARP_SIZE; // lanes per row
-    constexpr int RPL = WARP_SIZE/LPR;                   // rows per warp load
-    constexpr int NJ  = WARP_SIZE/RPL;                   // partials per lane (= LPR)
-    constexpr int CPL = D4/LPR;                          // float4 loads per row and lane
-    const int l = threadIdx.x % WARP_SIZE, sub = l / LPR, c = l % LPR;
-    float pj[NJ];
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        const float4 * a4 = (const float4 *) (A + (int64_t) (r0 + j*RPL + sub)*D);
-        float acc = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < CPL; ++cc) {
-            const float4 av = a4[c + cc*LPR], xv = x4[c + cc*LPR];
-            acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
-        }
-        pj[j] = acc;
-    }
-    halving_sums<NJ/2>(pj, l);
-    row_off = c*RPL + sub;
-    return pj[0];
-}
+struct warp_rows_matvec {
+    static constexpr int D4  = D/4;
+    static constexpr int LPR = D4 < WARP_SIZE ? D4 : WARP_SIZE; // lanes per row
+    static constexpr int RPL = WARP_SIZE/LPR;                   // rows per warp load
+    static constexpr int NJ  = WARP_SIZE/RPL;                   // partials per lane (= LPR)
+    static constexpr int CPL = D4/LPR;                          // float4 loads per row and lane
+    static constexpr bool PRE = NJ*CPL <= 32;                   // load() keeps A in registers
 
-// Grid (E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D)
+    const float * A;
+    int r0;
+    float4 a[PRE ? NJ : 1][PRE ? CPL : 1];
+
+    __device__ __forceinline__ const float4 * row(const int j) const {
+        const int l = threadIdx.x % WARP_SIZE;
+        return (const float4 *) (A + (int64_t) (r0 + j*RPL + l / LPR)*D);
+    }
+    __device__ __forceinline__ void load(const float * __restrict__ A_, const int r0_) {
+        A = A_;
+        r0 = r0_;
+        if constexpr (PRE) {
+            const int c = threadIdx.x % WARP_SIZE % LPR;
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+                for (int cc = 0; cc < CPL; ++cc) {
+                    // volatile and coherent: ptxas sank plain and .nc loads past the caller's barrier
+                    float4 & v = a[j][cc];
+                    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(row(j) + c + cc*LPR));
+                }
+            }
+        }
+    }
+    __device__ __forceinline__ float dot(const float4 * x4, int & row_off) const {
+        const int l = threadIdx.x % WARP_SIZE, sub = l / LPR, c = l % LPR;
+        float pj[NJ];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < CPL; ++cc) {
+                const float4 av = PRE ? a[PRE ? j : 0][PRE ? cc : 0] : row(j)[c + cc*LPR], xv = x4[c + cc*LPR];
+                acc += av.x*xv.x + av.y*xv.y + av.z*xv.z + av.w*xv.w;
+            }
+            pj[j] = acc;
+        }
+        halving_sums<NJ/2>(pj, l);
+        row_off = c*RPL + sub;
+        return pj[0];
+    }
+};
+
+// Grid (E/S + sb.E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D); the blocks
+// past E/S rotate the sibling sb (no stores)
 template <int D, int S>
 static __global__ void k_rotate_store(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ y,
-        const int64_t E, const rot_stores st) {
+        const int64_t E, const rot_stores st, const rot_sibling sb) {
     static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
     const int i = threadIdx.x;
     const int64_t t  = blockIdx.y;
-    const int64_t e0 = (int64_t) blockIdx.x*S;
-    const int64_t base = t*E + e0;
-    ((float *) sx4)[i] = x[base + i];
+    const int nbk = (int) (E/S);
+    const bool sib = (int) blockIdx.x >= nbk;
+    const int64_t e0 = (int64_t) (sib ? (int) blockIdx.x - nbk : (int) blockIdx.x)*S;
+    const int64_t base = t*(sib ? sb.E : E) + e0;
+    const int v0 = (i / WARP_SIZE)*WARP_SIZE; // the warp's first value: head v0/D, rows v0%D..
+    warp_rows_matvec<D> mv;
+    mv.load(A, v0 % D);                        // in flight while x arrives
+    ((float *) sx4)[i] = (sib ? sb.x : x)[base + i];
     __syncthreads();
     {
-        const int v0 = (i / WARP_SIZE)*WARP_SIZE; // the warp's first value: head v0/D, rows v0%D..
         int off;
-        const float v = warp_rows_matvec<D>(A, sx4 + (v0 / D)*(D/4), v0 % D, off);
-        y[base + v0 + off] = v;
+        const float v = mv.dot(sx4 + (v0 / D)*(D/4), off);
+        (sib ? sb.y : y)[base + v0 + off] = v;
+        if (sib) {
+            return; // (the whole block)
+        }
         sy[v0 + off] = v;
     }
     __syncthreads();
@@ -1614,7 +1663,8 @@ struct fuse_plan {
     const ggml_tensor * stores[OSCAR_FUSED_STORES] = {};
     int n_stores = 0;
     int64_t span = 0; // values per block of k_rotate_store (fused_span of every store)
-    std::vector<const ggml_tensor *> done;
+    const ggml_tensor * sib = nullptr; // a rotation by the same matrix, moved up into the launch
+    std::vector<const ggml_tensor *> done; // set_rows and rotations done by a fused launch
 };
 static thread_local fuse_plan g_fuse;
 
@@ -1655,6 +1705,44 @@ static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
     const bool type_ok = oscar2_is_type(t) || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || t == GGML_TYPE_F32;
     return type_ok && sr->ne[0] == src->ne[0] && sr->ne[2] == 1 && sr->ne[3] == 1 && rows_contiguous(sr) &&
         src->ne[0] % fused_span(rot->src[0]->ne[0], t) == 0;
+}
+
+// The first rotation after node i by the same matrix, if it rotates T tokens of whole blocks of
+// `span` values and may move up to node i: no node in between writes its input or touches its
+// output, and it shares no bytes with the operands or the result of node i (the two run side by
+// side). At decode it is q's rotation: the graph builds it after k's cache writes
+// (llama_oscar_rotate_q), so that this launch takes it, one launch a layer less.
+static const ggml_tensor * find_sibling(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64_t span) {
+    const ggml_tensor * rot = cgraph->nodes[i];
+    for (int j = i + 1; j < end; ++j) {
+        const ggml_tensor * sb = cgraph->nodes[j];
+        if (sb->op != GGML_OP_MUL_MAT || (sb->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !rotation_ok(sb) ||
+            sb->src[0]->data != rot->src[0]->data || !ggml_are_same_shape(sb->src[0], rot->src[0])) {
+            continue;
+        }
+        if (T <= 0 || ggml_nelements(sb) % T != 0 || (ggml_nelements(sb)/T) % span != 0) {
+            return nullptr;
+        }
+        if (bytes_overlap(sb, rot) || bytes_overlap(sb, rot->src[1]) || bytes_overlap(sb->src[1], rot)) {
+            return nullptr;
+        }
+        for (int k = i + 1; k < j; ++k) {
+            const ggml_tensor * mid = cgraph->nodes[k];
+            if (is_noop(mid)) {
+                continue;
+            }
+            if (bytes_overlap(mid, sb) || bytes_overlap(mid, sb->src[1])) {
+                return nullptr;
+            }
+            for (int s = 0; s < GGML_MAX_SRC; ++s) {
+                if (bytes_overlap(mid->src[s], sb)) {
+                    return nullptr;
+                }
+            }
+        }
+        return sb;
+    }
+    return nullptr;
 }
 
 void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
@@ -1711,18 +1799,20 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
         p.n_stores = n;
         p.span = span;
         std::copy(stores, stores + n, p.stores);
+        p.sib = find_sibling(cgraph, i, end, stores[0]->src[0]->ne[1], span);
     }
 }
 
 template <int D>
-static void launch_rotate_store(const ggml_tensor * rot, const rot_stores & st, int64_t E, int64_t T, int S, cudaStream_t stream) {
+static void launch_rotate_store(const ggml_tensor * rot, const rot_stores & st, const rot_sibling & sb, int64_t E, int64_t T, int S,
+        cudaStream_t stream) {
     const float * a = (const float *) rot->src[0]->data, * x = (const float *) rot->src[1]->data;
     float * y = (float *) rot->data;
-    const dim3 grid((unsigned) (E/S), (unsigned) T);
+    const dim3 grid((unsigned) ((E + sb.E)/S), (unsigned) T);
     if (S == D) {
-        k_rotate_store<D, D><<<grid, D, 0, stream>>>(a, x, y, E, st);
+        k_rotate_store<D, D><<<grid, D, 0, stream>>>(a, x, y, E, st, sb);
     } else if (S == 2*D && D <= 128) {
-        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(a, x, y, E, st);
+        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(a, x, y, E, st, sb);
     } else {
         GGML_ABORT("oscar2: no fused rotation of head size %d in blocks of %d values", D, S);
     }
@@ -1746,18 +1836,24 @@ static bool rotate_store(const ggml_tensor * rot, cudaStream_t stream) {
         p.done.push_back(sr);
     }
     st.n = p.n_stores;
+    rot_sibling sb = {};
+    if (p.sib) {
+        sb = { (const float *) p.sib->src[1]->data, (float *) p.sib->data, ggml_nelements(p.sib)/T };
+        p.done.push_back(p.sib);
+    }
     switch (D) {
-        case  64: launch_rotate_store< 64>(rot, st, E, T, S, stream); break;
-        case 128: launch_rotate_store<128>(rot, st, E, T, S, stream); break;
-        case 256: launch_rotate_store<256>(rot, st, E, T, S, stream); break;
+        case  64: launch_rotate_store< 64>(rot, st, sb, E, T, S, stream); break;
+        case 128: launch_rotate_store<128>(rot, st, sb, E, T, S, stream); break;
+        case 256: launch_rotate_store<256>(rot, st, sb, E, T, S, stream); break;
     }
     p.rot = nullptr;
     p.n_stores = 0;
+    p.sib = nullptr;
     return true;
 }
 
-// a set_rows node that a fused rotation already did
-static bool store_done(const ggml_tensor * sr) {
+// a set_rows or rotation node that a fused rotation launch already did
+static bool fused_done(const ggml_tensor * sr) {
     auto & done = g_fuse.done;
     const auto it = std::find(done.begin(), done.end(), sr);
     if (it == done.end()) {
@@ -1772,7 +1868,7 @@ static bool store_done(const ggml_tensor * sr) {
 bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (dst->op) {
         case GGML_OP_SET_ROWS:
-            if (store_done(dst)) {
+            if (fused_done(dst)) {
                 return true; // written by the fused rotation before it (window rows too)
             }
             if (!oscar2_is_type(dst->type)) {
@@ -1808,6 +1904,9 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
         case GGML_OP_MUL_MAT:
             if (!rotation_ok(dst)) {
                 return false;
+            }
+            if (fused_done(dst)) {
+                return true; // q, rotated by the launch of k's rotation before it
             }
             if (!rotate_store(dst, ctx.stream())) {
                 rotate_cols(dst, ctx.stream());

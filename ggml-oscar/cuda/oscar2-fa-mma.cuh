@@ -98,13 +98,17 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
     return r;
 }
 
-// Grid (n_head_kv*ne3, max(ns_main, ns_win), n_query_groups), 4 warps. Block y first runs window
-// chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
-// fa_partial_rows if y < ns_win, then cache split y (rows_per_split rows) if y < ns_main.
-// Partials: cache splits first, then the window's. Why the window shares the cache's blocks: as
-// blocks of their own (scheduled first) they pushed a third of the cache's blocks into a second
-// wave that started only when they were done (ncu at 32k rows: 1.31 waves, SMs active 73% of
-// the kernel's 31 us); a few window rows more in some blocks cost far less than that.
+// Grid (n_head_kv*ne3, max(main0 + ns_main, ns_win), n_query_groups), 4 warps. Block y first runs
+// window chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
+// fa_partial_rows if y < ns_win, then cache split y - main0 (rows_per_split rows) if that is one
+// of the ns_main. Partials: cache splits first, then the window's. Why the window shares the
+// cache's blocks (main0 = 0) at depth: as blocks of their own (scheduled first) they pushed a
+// third of the cache's blocks into a second wave that started only when they were done (ncu at
+// 32k rows: 1.31 waves, SMs active 73% of the kernel's 31 us); a few window rows more in some
+// blocks cost far less than that. With fewer cache splits than window chunks (small depths) the
+// window's blocks are their own (main0 = ns_win): all fit in one wave, and the cache's few
+// blocks then do not wait for a window chunk first (ncu at depth 0: 13.7 us shared, 9.7 us
+// apart).
 //
 // A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
 // i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
@@ -118,10 +122,18 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 //              the bytes of two rows (prmt); its A rows g and g+8 of V tile mt are head dims
 //              vdim(g, mt, 0) and vdim(g, mt, 1) (see below). C gives it those dims of queries
 //              2qq and 2qq + 1.
+// Packed (PK: at most 4 queries a block, as one token of a GQA-4 model). Only A rows 0..3 and
+// 8..11 of the K product hold a query, so the lanes of queries 4..7 would score nothing. Instead
+// lane (g, qq) scores query g % 4 on the rows of k16 step u = g / 4 (tiles 2u, 2u+1: 4 own rows,
+// not 8): lanes g >= 4 get the integer products of tiles 2 and 3 from lane ^ 16 (4 shuffles a
+// group). The V product's B columns are the hi parts of queries 0..3 (columns 0..3) and their
+// lo parts (4..7), so one mma per V tile and k16 step takes both parts (16 HMMA a step, not 32);
+// a lane's B fragment of the other step comes from lane ^ 16, and the two columns of a query are
+// summed at the end. Same products, half the per-row work: for 8B models' decode (GQA 4).
 template <int D, ggml_type T, ggml_type WT, int NQB>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
-static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int ns_main,
-        const int rows_per_split, const int ns_win, const int rows_per_win_split) {
+static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int main0,
+        const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
     if constexpr (WT != GGML_TYPE_COUNT) {
         if ((int) blockIdx.y < ns_win) {
@@ -130,7 +142,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             fa_partial_rows<D, WT, WT, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + blockIdx.y);
         }
     }
-    if ((int) blockIdx.y >= ns_main) {
+    const int split = (int) blockIdx.y - main0;
+    if (split < 0 || split >= ns_main) {
         return;
     }
     constexpr int G   = group_of(T);
@@ -153,12 +166,19 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
     const int tok0  = blockIdx.z*NT;
     const int nq    = min(NT, p.n_q - tok0)*p.gqa;
-    const int split = blockIdx.y;
     const int r0    = split*rows_per_split;
     const int r1    = min(src.n_rows, r0 + rows_per_split);
-    const bool qok  = g < nq;
+    const bool qok  = g < nq;      // the lane's A rows (query g) hold a query
     const int tok   = tok0 + g / p.gqa;
     const int head  = hkv*p.gqa + g % p.gqa;
+    // PK (at most 4 queries): the query whose scores the lane takes, and which half of the rows
+    // (tiles 2u and 2u+1: k16 step u of the V product); see "Packed" above the kernel
+    constexpr bool PK = NQB <= 4;
+    constexpr int  NO = PK ? 4 : 8; // own rows per lane and step
+    const int u     = PK ? g / 4 : 0;
+    const int gq    = PK ? g % 4 : g;
+    const bool sok  = gq < nq;
+    const int stok  = tok0 + gq / p.gqa;
 
     // K element of the lane's register li (0..2NC-1) of a group, byte i: register li is word
     // li % NW of the lane's quarter shifted by 2*(li / NW); k32 step c uses registers 2c and 2c+1
@@ -208,6 +228,16 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
     }
     __syncwarp();
+    if constexpr (PK) {
+        // the upper lanes score the query of the lane 16 below them
+#pragma unroll
+        for (int gi = 0; gi < NG; ++gi) {
+            const float d = __shfl_xor_sync(0xffffffff, qd[gi], 16, WARP_SIZE);
+            const float s = __shfl_xor_sync(0xffffffff, qs[gi], 16, WARP_SIZE);
+            qd[gi] = u ? d : qd[gi];
+            qs[gi] = u ? s : qs[gi];
+        }
+    }
 
     // online softmax state of query g (M, S, am: sum of p mV per group, sp: sum of the f16 P' per
     // group, in the lanes of query g); acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq
@@ -252,7 +282,9 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     };
     // the int8 codes of K register li of a lane (see k_elem)
     auto kcodes = [&](const uint32_t * kw, int li) { return (int) ((kw[li % NW] >> (2*(li / NW))) & 0x03030303u); };
-    auto own_row = [&](int rb, int i) { return min(rb + 8*(i/2) + 2*qq + i%2, rlast); };
+    // fragment row i (0..7) of the V product's A: rb + 8(i/2) + 2qq + i%2; own row i (scores) is
+    // fragment row 4u + i
+    auto frag_row = [&](int rb, int i) { return min(rb + 8*(i/2) + 2*qq + i%2, rlast); };
     auto load_step = [&](step & st, const int rb) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
@@ -267,14 +299,14 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const char * vr = row_ptr(Vc, own_row(rb, i), nbv1);
+            const char * vr = row_ptr(Vc, frag_row(rb, i), nbv1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 st.vw[i][gi] = __ldg((const unsigned int *) (vr + gi*BY));
             }
         }
     };
-    const half * mask_q = mask && qok ? mask + tok*p.mask_nb1 : nullptr;
+    const half * mask_q = mask && sok ? mask + stok*p.mask_nb1 : nullptr;
 
     constexpr int STEP = OSCAR_FA_WARPS*R;
     const uint32_t one = 0x3C003C00u; // f16 1.0 twice (codes_f16x2)
@@ -288,23 +320,23 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             load_step(nxt, rb + STEP);
         }
         // the mask and the headers of the own rows, issued first
-        float mk[8];
-        half2 kdm[8][NG], vdm[8][NG];
+        float mk[NO];
+        half2 kdm[NO][NG], vdm[NO][NG];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int r = rb + 8*(i/2) + 2*qq + i%2;
-            mk[i] = (qok && r < r1) ? (mask_q ? __half2float(mask_q[(uint32_t) r]) : 0.0f) : -INFINITY;
-            const char * kr = row_ptr(Kh, own_row(rb, i), nbk1);
-            const char * vr = row_ptr(Vh, own_row(rb, i), nbv1);
+        for (int i = 0; i < NO; ++i) {
+            const int r = rb + 8*(2*u + i/2) + 2*qq + i%2;
+            mk[i] = (sok && r < r1) ? (mask_q ? __half2float(mask_q[(uint32_t) r]) : 0.0f) : -INFINITY;
+            const char * kr = row_ptr(Kh, frag_row(rb, 4*u + i), nbk1);
+            const char * vr = row_ptr(Vh, frag_row(rb, 4*u + i), nbv1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 kdm[i][gi] = __ldg((const half2 *) (kr + gi*BY));
                 vdm[i][gi] = __ldg((const half2 *) (vr + gi*BY));
             }
         }
-        float sc[8];
+        float sc[NO];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < NO; ++i) {
             sc[i] = 0.0f;
         }
 #pragma unroll
@@ -323,19 +355,27 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                     mma_s8(cc[t], a0, a1, a2, a3, kcodes(cur.kw[t][gi], 2*c), kcodes(cur.kw[t][gi], 2*c + 1));
                 }
             }
+            // the product is at most 32512*3*G in magnitude: 256 hi + lo is far from 2^31
 #pragma unroll
-            for (int t = 0; t < 4; ++t) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    // the product is at most 32512*3*G in magnitude: 256 hi + lo is far from 2^31
-                    const float2 dm = __half22float2(kdm[2*t + e][gi]);
-                    sc[2*t + e] += dm.x*(qd[gi]*(float) (256*cc[t][e] + cc[t][2 + e])) + dm.y*qs[gi];
+            for (int i = 0; i < NO; ++i) {
+                const int e = i % 2;
+                int x;
+                if constexpr (PK) {
+                    // tiles 2 and 3 go to the upper lane of the query (its lanes hold zeros there)
+                    const int t = i / 2;
+                    const int x_lo = 256*cc[t][e] + cc[t][2 + e];
+                    const int x_hi = __shfl_xor_sync(0xffffffff, 256*cc[t + 2][e] + cc[t + 2][2 + e], 16, WARP_SIZE);
+                    x = u ? x_hi : x_lo;
+                } else {
+                    x = 256*cc[i/2][e] + cc[i/2][2 + e];
                 }
+                const float2 dm = __half22float2(kdm[i][gi]);
+                sc[i] += dm.x*(qd[gi]*(float) x) + dm.y*qs[gi];
             }
         }
         float cmax = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < NO; ++i) {
             float x = sc[i];
             if (p.softcap != 0.0f) {
                 x = p.softcap*tanhf(x);
@@ -344,13 +384,18 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             sc[i] = mk[i] == -INFINITY ? -INFINITY : mk[i] + x;
             cmax = fmaxf(cmax, sc[i]);
         }
-        cmax = quad_max(cmax); // the 4 lanes of query g hold its 32 rows
+        cmax = quad_max(cmax); // the 4 lanes of query g hold its 32 rows (PK: with the 4 lanes 16 above)
+        if constexpr (PK) {
+            cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffff, cmax, 16, WARP_SIZE));
+        }
         const bool grow = cmax > M;
         if (__any_sync(0xffffffff, grow)) {
-            // the output entries of queries 2qq and 2qq + 1 live in this lane: their factors
+            // the output entries of output columns 2qq and 2qq + 1 live in this lane: their factors
+            // (PK: columns c and c + 4 both belong to query c % 4)
             const float cf  = grow ? expf(M - cmax) : 1.0f;
-            const float cfa = __shfl_sync(0xffffffff, cf, 8*qq,     WARP_SIZE);
-            const float cfb = __shfl_sync(0xffffffff, cf, 8*qq + 4, WARP_SIZE);
+            const int   ql  = PK ? 8*(qq % 2) : 8*qq;
+            const float cfa = __shfl_sync(0xffffffff, cf, ql,     WARP_SIZE);
+            const float cfb = __shfl_sync(0xffffffff, cf, ql + 4, WARP_SIZE);
             S *= cf;
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
@@ -364,19 +409,18 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             }
             M = grow ? cmax : M;
         }
-        float pr[8];
+        float pr[NO];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < NO; ++i) {
             pr[i] = sc[i] == -INFINITY ? 0.0f : expf(sc[i] - M);
             S += pr[i];
         }
 #pragma unroll
         for (int gi = 0; gi < NG; ++gi) {
-            // P' = p dV as two f16 parts, hi + lo (P' - hi): the B fragments of the two k16 steps, own
-            // rows (4h, 4h+1) and (4h+2, 4h+3)
-            uint32_t pbh[4], pbl[4];
+            // P' = p dV as two f16 parts, hi + lo (P' - hi), per pair of own rows (2k, 2k+1)
+            uint32_t pbh[NO/2], pbl[NO/2];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < NO/2; ++k) {
                 float pv[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
@@ -393,9 +437,31 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 pbh[k] = *(const uint32_t *) &hi;
                 pbl[k] = *(const uint32_t *) &lo;
             }
+            // the B fragments (P') of the two k16 steps: b[h][0] own rows (4h, 4h+1) at k = 2qq, 2qq+1,
+            // b[h][1] own rows (4h+2, 4h+3) at k = 2qq+8, 2qq+9; PK: one fragment a step, B column g
+            // (hi parts of query g < 4, lo parts of query g - 4), from this lane (step u) and its partner
+            uint32_t bh[2][2], bl[2][2];
+            if constexpr (PK) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const uint32_t keep = u ? pbl[k] : pbh[k];
+                    const uint32_t got  = __shfl_xor_sync(0xffffffff, u ? pbh[k] : pbl[k], 16, WARP_SIZE);
+                    bh[0][k] = u ? got : keep; // (selects: an index by u would put bh in local memory)
+                    bh[1][k] = u ? keep : got;
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        bh[h][k] = pbh[(2*h + k) % (NO/2)];
+                        bl[h][k] = pbl[(2*h + k) % (NO/2)];
+                    }
+                }
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                // x[j] (y[j]): byte j of the code words of own rows 4h, 4h+1 (4h+2, 4h+3) in bytes 1 and 3
+                // x[j] (y[j]): byte j of the code words of fragment rows 4h, 4h+1 (4h+2, 4h+3) in bytes 1 and 3
                 uint32_t x[4], y[4];
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -409,44 +475,59 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                     // A rows g (shift s) and g+8 (shift s+1); k = 2qq, 2qq+1 (x) and 2qq+8, 2qq+9 (y)
                     const uint32_t a0 = codes_f16x2(x[j], s, one), a1 = codes_f16x2(x[j], s + 1, one);
                     const uint32_t a2 = codes_f16x2(y[j], s, one), a3 = codes_f16x2(y[j], s + 1, one);
-                    mma_f16(acc[gi][mt], a0, a1, a2, a3, pbh[2*h], pbh[2*h + 1]);
-                    mma_f16(acc[gi][mt], a0, a1, a2, a3, pbl[2*h], pbl[2*h + 1]);
+                    mma_f16(acc[gi][mt], a0, a1, a2, a3, bh[h][0], bh[h][1]);
+                    if constexpr (!PK) {
+                        mma_f16(acc[gi][mt], a0, a1, a2, a3, bl[h][0], bl[h][1]);
+                    }
                 }
             }
         }
         cur = nxt;
     }
 
-    // C entry k of V tile mt: query 2qq + k%2, head dim gi*G + vdim(mt, k/2) with
+    // C entry k of V tile mt: column 2qq + k%2, head dim gi*G + vdim(mt, k/2) with
     //   (G = 128) 4g + mt%4 + 32(2(mt/4) + k/2)     (G = 64) 4(g%4) + mt + 16(2(g/4) + k/2)
-    S = quad_sum(S);
+    // Column c is query c; PK: query c % 4, hi parts (c < 4) or lo parts, summed here. The sums
+    // of the lanes of a query: its quad (PK: and the quad 16 lanes above).
+    auto query_sum = [&](float x) {
+        x = quad_sum(x);
+        return PK ? x + __shfl_xor_sync(0xffffffff, x, 16, WARP_SIZE) : x;
+    };
+    S = query_sum(S);
     __shared__ float sh_ml[OSCAR_FA_WARPS][8][2];
     __shared__ float sh_acc[OSCAR_FA_WARPS][8][D];
+    const int ql = PK ? 8*(qq % 2) : 8*qq; // the first lane of query 2qq (PK: 2(qq % 2))
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
-        am[gi] = quad_sum(am[gi]);
-        sp[gi] = quad_sum(sp[gi]);
-        const float ama = __shfl_sync(0xffffffff, am[gi], 8*qq,     WARP_SIZE);
-        const float amb = __shfl_sync(0xffffffff, am[gi], 8*qq + 4, WARP_SIZE);
-        const float spa = __shfl_sync(0xffffffff, sp[gi], 8*qq,     WARP_SIZE);
-        const float spb = __shfl_sync(0xffffffff, sp[gi], 8*qq + 4, WARP_SIZE);
+        am[gi] = query_sum(am[gi]);
+        sp[gi] = query_sum(sp[gi]);
+        const float ama = __shfl_sync(0xffffffff, am[gi], ql,     WARP_SIZE);
+        const float amb = __shfl_sync(0xffffffff, am[gi], ql + 4, WARP_SIZE);
+        const float spa = __shfl_sync(0xffffffff, sp[gi], ql,     WARP_SIZE);
+        const float spb = __shfl_sync(0xffffffff, sp[gi], ql + 4, WARP_SIZE);
 #pragma unroll
         for (int mt = 0; mt < NTV; ++mt) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
+                float a = acc[gi][mt][k];
+                if constexpr (PK) {
+                    a += __shfl_xor_sync(0xffffffff, a, 2, WARP_SIZE); // + the lo column (qq + 2)
+                }
                 const int d = (G == 128 ? 4*g : 4*(g % 4)) + jv(mt) + (G/4)*(sv(mt) + k/2);
-                sh_acc[w][2*qq + k%2][gi*G + d] = 4.0f*(acc[gi][mt][k] - (k % 2 ? spb : spa)) + (k % 2 ? amb : ama);
+                if (!PK || qq < 2) {
+                    sh_acc[w][2*(PK ? qq % 2 : qq) + k%2][gi*G + d] = 4.0f*(a - (k % 2 ? spb : spa)) + (k % 2 ? amb : ama);
+                }
             }
         }
     }
-    if (qq == 0) {
+    if (qq == 0 && (!PK || u == 0)) {
         sh_ml[w][g][0] = M;
         sh_ml[w][g][1] = S;
     }
     __syncthreads();
     store_block_partial<D, 8, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, split);
 #else
-    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win);
+    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(main0); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win);
     GGML_UNUSED(rows_per_win_split);
     NO_DEVICE_CODE;
 #endif
