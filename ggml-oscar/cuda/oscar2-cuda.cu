@@ -1490,7 +1490,7 @@ struct rot_stores {
 };
 
 // a second rotation by the same matrix, done by the same launch (blocks past the first's): q,
-// whose rotation the graph builds after k's cache writes (llama_oscar_rotate_q)
+// whose rotation the graph builds right after k's (llama_oscar_rotate_q)
 struct rot_sibling {
     const float * x; // [E, tokens] f32, contiguous, as the first rotation's
     float *       y;
@@ -1710,8 +1710,9 @@ static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
 // The first rotation after node i by the same matrix, if it rotates T tokens of whole blocks of
 // `span` values and may move up to node i: no node in between writes its input or touches its
 // output, and it shares no bytes with the operands or the result of node i (the two run side by
-// side). At decode it is q's rotation: the graph builds it after k's cache writes
-// (llama_oscar_rotate_q), so that this launch takes it, one launch a layer less.
+// side). At decode it is q's rotation: the graph builds it right after k's (llama_oscar_rotate_q),
+// so that this launch takes it, one launch a layer less. (Built after k's cache writes, its
+// result shared memory with k's, freed by then: it was taken in 1 layer of 32.)
 static const ggml_tensor * find_sibling(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64_t span) {
     const ggml_tensor * rot = cgraph->nodes[i];
     for (int j = i + 1; j < end; ++j) {

@@ -90,8 +90,8 @@ ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llam
 
 // build_attn helpers: rotate k/v, then q, into the cache basis of layer il, and the attention
 // output back. mctx is the layer's KV cache context; had_k/had_v are upstream's Hadamard inputs.
-// q is rotated after the cache writes are in the graph: the CUDA backend then rotates it in the
-// launch that rotates k and writes the caches (ggml-oscar/cuda, find_sibling).
+// q's rotation goes into the graph right after k's: the CUDA backend then rotates q in the launch
+// that rotates k and writes the caches (ggml-oscar/cuda, find_sibling).
 void llama_oscar_rotate_kv(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
         ggml_tensor * had_k, ggml_tensor * had_v, ggml_tensor *& k, ggml_tensor *& v);
 ggml_tensor * llama_oscar_rotate_q(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
