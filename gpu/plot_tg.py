@@ -4,7 +4,7 @@
     .venv/bin/python gpu/plot_tg.py
 
 Panels: the full benchmark of each shape (gpu/run.sh bench, 2 repetitions, plus the d131072
-run), and the one-repetition `gpu/run.sh quick` check of the newest kernels.
+run), and the `gpu/run.sh quick` runs of the newest kernels (f16 and oscar2, same run).
 """
 from __future__ import annotations
 
@@ -45,9 +45,10 @@ def main() -> None:
     panels = {
         "Llama-3.1-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-llama3-8b"),
         "Qwen3-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-qwen3-8b"),
-        "Llama-3.1-8B shape, tg (new combine, 1 rep)": quick_series(RESULTS / "2026-11-23-combine" / "quick.txt"),
-        "Llama-3.1-8B shape, tg (2026-11-24, 7ea79be, 1-2 reps)":
-            quick_series(RESULTS / "2026-11-24-decode-fixed-costs" / "quick-7ea79be.txt"),
+        "Llama-3.1-8B, 2026-11-24 (36fdc05, 2 reps)":
+            quick_series(RESULTS / "2026-11-24-packed-int2" / "quick-36fdc05-llama3-8b.txt"),
+        "Qwen3-8B, 2026-11-24 (36fdc05, 2 reps)":
+            quick_series(RESULTS / "2026-11-24-packed-int2" / "quick-36fdc05-qwen3-8b.txt"),
     }
     out = rate_vs_depth(panels, REPO / "docs" / "gpu-h100-tg.png",
                         "decode tokens/s against depth, H100, llama-bench -fa 1, random q4_0 weights")

@@ -14,9 +14,6 @@
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
-#   bash gpu/run.sh timeline [D]  nsys trace of llama-bench tg8 at depth D (TIMELINE_TYPES="oscar2 f16",
-#                                 TIMELINE_ARGS to replace "-p 0 -n 8"): per token (or ubatch) wall time, GPU busy
-#                                 time, idle gap before it and top kernels (gpu/nsys_decode.py)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
 #                                 the FLASH_ATTN_EXT cases and the perf cases
 #
@@ -297,24 +294,6 @@ for kind in ("tg", "pp"):
 EOF
 }
 
-timeline() {
-    local depth=${1:-131072} M T f
-    pyenv
-    M=$(synth_model) || return 1
-    local NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys 2>/dev/null | head -1)
-    [ -n "$NSYS" ] || { log "timeline: no nsys on this machine"; return 1; }
-    for T in ${TIMELINE_TYPES:-oscar2 f16}; do
-        f=/tmp/nsys_${T//:/_}_d$depth # (the traces stay on the machine: tens of MB)
-        # graph nodes traced one by one: upstream runs decode as a CUDA graph
-        env $(variant_env $T) "$NSYS" profile -t cuda --cuda-graph-trace=node --force-overwrite true -o $f \
-            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $depth ${TIMELINE_ARGS:--p 0 -n 8} -r 1 \
-            > "$OUT/timeline_${T//:/_}.log" 2>&1 || { log "timeline $T: nsys failed: $(tail -3 "$OUT/timeline_${T//:/_}.log")"; continue; }
-        "$NSYS" export --type sqlite --force-overwrite true -o $f.sqlite $f.nsys-rep > /dev/null 2>&1
-        log "timeline $T depth $depth (${TIMELINE_ARGS:--p 0 -n 8}): $(grep -E '^\|.*(tg|pp)[0-9]' "$OUT/timeline_${T//:/_}.log" | awk -F'|' '{print $(NF-1)}' | tr -s ' ')"
-        python3 gpu/nsys_decode.py $f.sqlite ${TIMELINE_SEGS:-6} | tee -a "$OUT/summary.txt"
-    done
-}
-
 bench() {
     local depths=${1:-0,4096,16384,32768}
     local shape=${SHAPE:-llama3-8b} types=${TYPES:-f16 q8_0 q4_0 oscar2} M
@@ -460,7 +439,6 @@ case "${1:-all}" in
     quick) build && quick ;;
     perf)  build && perf ;;
     prebuilt) prebuilt "${2:-}" ;;
-    timeline) build && timeline "${2:-}" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40

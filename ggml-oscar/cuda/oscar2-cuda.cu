@@ -1449,20 +1449,22 @@ static bool rows_contiguous(const ggml_tensor * t) {
 
 // ---- a rotation fused with the cache writes of its result ------------------------------------
 //
-// At decode a layer's graph rotates q, v and k (one token's heads each) and then stores k and v
+// At decode a layer's graph rotates v, k and q (one token's heads each) and then stores k and v
 // twice: into the INT2 cache (set_rows, quantized) and into the high-precision window (set_rows,
 // f16). Each of those seven nodes is a launch of a few microseconds, mostly fixed cost, where an
 // f16 cache has two (its K write is even fused into RoPE): about 1 ms of every decoded token of
 // an 8B model (2026-11-23, H100). When the set_rows nodes that store a rotation's result come
-// after it in the graph, the rotation's launch does their work and they become no-ops: three
-// launches a layer instead of seven (H100, Llama-8B shape, tg64: +2.9% at depth 0, +1.8% at
-// 32768; gpu/results/2026-11-24-decode-fixed-costs).
+// after it in the graph, the rotation's launch does their work and they become no-ops; q's
+// rotation, by the same matrix as k's, joins k's launch (find_sibling): two launches a layer
+// instead of seven (H100, Llama-8B shape, tg64 with the set_rows fused: +2.9% at depth 0, +1.8%
+// at 32768, gpu/results/2026-11-24-decode-fixed-costs; with q too: 32 launches of k_rotate_cols
+// a token fewer, gpu/results/2026-11-24-packed-int2).
 //
 // The plan is made in upstream's ggml_cuda_try_fuse (so GGML_CUDA_DISABLE_FUSION=1 turns it
 // off, and GGML_CUDA_OSCAR_NO_FUSION=1 turns off only this one): a set_rows node may move up to
 // its rotation only if no node in between reads or writes the rows it writes (checked by byte
-// ranges). The fused launch happens when the rotation node is computed; the set_rows nodes it
-// did are then skipped. Nothing is planned across graphs.
+// ranges). The fused launch happens when the rotation node is computed; the set_rows nodes and
+// the rotation it did are then skipped. Nothing is planned across graphs.
 //
 // Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), S threads.
 // Each warp forms 32 of the values y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
