@@ -1683,6 +1683,19 @@ static bool bytes_overlap(const ggml_tensor * a, const ggml_tensor * b) {
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
+// node mid writes t's bytes or reads them
+static bool node_touches(const ggml_tensor * mid, const ggml_tensor * t) {
+    if (bytes_overlap(mid, t)) {
+        return true;
+    }
+    for (int s = 0; s < GGML_MAX_SRC; ++s) {
+        if (bytes_overlap(mid->src[s], t)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // values per block of k_rotate_store for head size d and destination type t
 static int64_t fused_span(int64_t d, ggml_type t) {
     return oscar2_is_type(t) ? std::max<int64_t>(d, group_of(t)) : d;
@@ -1734,13 +1747,8 @@ static const ggml_tensor * find_sibling(const ggml_cgraph * cgraph, int i, int e
             if (is_noop(mid)) {
                 continue;
             }
-            if (bytes_overlap(mid, sb) || bytes_overlap(mid, sb->src[1])) {
+            if (node_touches(mid, sb) || bytes_overlap(mid, sb->src[1])) {
                 return nullptr;
-            }
-            for (int s = 0; s < GGML_MAX_SRC; ++s) {
-                if (bytes_overlap(mid->src[s], sb)) {
-                    return nullptr;
-                }
             }
         }
         return sb;
@@ -1781,10 +1789,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
             if (is_noop(mid) || std::find(stores, stores + n, mid) != stores + n) {
                 continue;
             }
-            clear = !bytes_overlap(mid, sr);
-            for (int s = 0; s < GGML_MAX_SRC && clear; ++s) {
-                clear = !bytes_overlap(mid->src[s], sr);
-            }
+            clear = !node_touches(mid, sr);
         }
         if (clear) {
             stores[n++] = sr;

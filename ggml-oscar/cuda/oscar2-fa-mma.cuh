@@ -454,8 +454,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 for (int h = 0; h < 2; ++h) {
 #pragma unroll
                     for (int k = 0; k < 2; ++k) {
-                        bh[h][k] = pbh[(2*h + k) % (NO/2)];
-                        bl[h][k] = pbl[(2*h + k) % (NO/2)];
+                        bh[h][k] = pbh[2*h + k];
+                        bl[h][k] = pbl[2*h + k];
                     }
                 }
             }
