@@ -14,6 +14,8 @@
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
+#   bash gpu/run.sh trace         the real timeline (CUPTI) of the last decode calls, oscar2 against f16:
+#                                 wall, GPU busy and idle time, kernel time by name (TRACE_RUNS, TRACE_TYPES)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
 #                                 the FLASH_ATTN_EXT cases and the perf cases
 #
@@ -90,7 +92,23 @@ test_gpu() {
     # when one was assembled on the machine (GPU_MODEL, see `assemble`)
     e2e .device/smollm2-L*.gguf cut 16 32 ""
     [ -f "$GPU_MODEL" ] && e2e "$GPU_MODEL" full 4 16 ""
+    no_realloc .device/smollm2-L*.gguf
     log "tests done in $(( $(date +%s) - t0 )) s"
+}
+
+# no_realloc MODEL: a prefill past the window, then decode, must fit the buffers reserved when
+# the context was made (GGML_SCHED_DEBUG_REALLOC=2 makes upstream's scheduler abort on any
+# reallocation; with two buffer types, CUDA and pinned host, it cannot grow them silently)
+no_realloc() {
+    local M=$(ls $1 | head -1) kv
+    for kv in oscar2 f16; do
+        if GGML_SCHED_DEBUG_REALLOC=2 "$B/bin/llama-bench" -m "$M" -ngl 99 -fa 1 -ctk $kv -ctv $kv -d 1536 -p 512 -n 16 -r 2 \
+                > "$OUT/no_realloc_$kv.txt" 2>&1; then
+            log "no reallocation after the reserve, $kv KV (prefill 1536 + 512, decode 16): ok"
+        else
+            log "no reallocation after the reserve, $kv KV: FAILED ($(grep -m1 -E 'unexpected|abort|error' "$OUT/no_realloc_$kv.txt"))"
+        fi
+    done
 }
 
 # e2e MODEL TAG SINK RECENT "EXTRA GPU ARGS": CPU vs CUDA end to end with rotations and oscar2
@@ -339,9 +357,11 @@ EOF
 
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
 # oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither);
-# variant_env NAME: its environment (oscar2:nofuse: the rotations not fused with the cache writes)
+# variant_env NAME: its environment (oscar2:nofuse: no oscar fusion at all; oscar2:nounrot: the output's
+# un-rotation not fused into the attention's combine)
 variant_env() {
     [[ $1 == *:nofuse* ]] && echo GGML_CUDA_OSCAR_NO_FUSION=1
+    [[ $1 == *:nounrot* ]] && echo GGML_CUDA_OSCAR_NO_UNROT=1
     return 0
 }
 variant_args() {
@@ -376,6 +396,41 @@ for r in csv.DictReader(sys.stdin):
     print(f\"quick $T {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
 " | while read -r line; do log "$line"; done
         done
+    done
+}
+
+# trace: the real timeline of the last decode calls (gpu/trace/kernel_trace.cpp, CUPTI; the
+# device has no nsys): wall, GPU busy and idle time per call, and kernel time by name, the first
+# of TRACE_TYPES against the last. TRACE_RUNS="ARGS|N;..." (N: the last N calls are summed):
+# default the timed pp512 ubatch at 16384 and the last 16 tokens of tg32 at 32768
+trace() {
+    local M
+    pyenv
+    M=$(synth_model) || return 1
+    local C=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")
+    local lib=$(ls "$C"/lib64/libcupti.so "$C"/targets/x86_64-linux/lib/libcupti.so "$C"/extras/CUPTI/lib64/libcupti.so 2>/dev/null | head -1)
+    local inc=$(dirname "$(ls "$C"/include/cupti.h "$C"/targets/x86_64-linux/include/cupti.h "$C"/extras/CUPTI/include/cupti.h 2>/dev/null | head -1)")
+    [ -n "$lib" ] || { log "trace: no libcupti under $C"; return 1; }
+    g++ -O2 -shared -fPIC -I"$inc" -I"$C/include" gpu/trace/kernel_trace.cpp -o /tmp/kernel_trace.so -L"$(dirname "$lib")" -lcupti \
+        -Wl,-rpath,"$(dirname "$lib")" || { log "trace: the injection library did not build"; return 1; }
+    local run args n T first last i=0
+    IFS=';' read -ra runs <<< "${TRACE_RUNS:--d 16384 -p 512 -n 0|1;-d 32768 -p 0 -n 32|16}"
+    for run in "${runs[@]}"; do
+        args=${run%|*}; n=${run##*|}; i=$((i + 1)); first=; last=
+        for T in ${TRACE_TYPES:-oscar2 f16}; do
+            local f="$OUT/trace${i}_${T//:/_}.tsv"
+            env $(variant_env $T) OSCAR_TRACE_OUT="$f" CUDA_INJECTION64_PATH=/tmp/kernel_trace.so \
+                "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r 1 -o csv 2> "$OUT/trace.err" \
+                | python3 -c "
+import csv, sys
+for r in csv.DictReader(sys.stdin):
+    print(f\"trace $T ($args) under tracing: {float(r['avg_ts']):.2f} tok/s\")
+" | while read -r line; do log "$line"; done
+            [ -z "$first" ] && first=$f
+            last=$f
+        done
+        python3 gpu/trace_summary.py "$n" "$first" "$last" 2>&1 | tee -a "$OUT/summary.txt"
+        xz -T0 "$OUT"/trace${i}_*.tsv
     done
 }
 
@@ -438,6 +493,7 @@ case "${1:-all}" in
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
     perf)  build && perf ;;
+    trace) build && trace ;;
     prebuilt) prebuilt "${2:-}" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac

@@ -6,6 +6,7 @@ data in test_oscar2_cpu.py::test_cpu_flash_attention_store_split.
 """
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -262,6 +263,25 @@ def test_window_memory_is_in_the_kv_log(model, n_threads):
     # from f16 too), stored as rows padded to 256 plus one trash row:
     # 64 + 256 + 512 = 832 slots -> 1025 rows x 30 layers x (K + V) x 192 values x 2 bytes = 22.52 MiB
     assert "sink 64 + recent 256" in log and "832 slots (1025 rows)" in log and "22.52 MiB" in log
+
+
+def test_compute_buffers_are_reserved_for_a_full_window(model, n_threads):
+    """The graph reserved when the context is made must read every window row a later graph
+    can: sized by the rows in use then (none), the buffers were reallocated each time a prefill
+    filled the window further (20 ms of a 512-token ubatch at depth 16k for the pinned input
+    buffer alone on an H100; gpu/run.sh test aborts on such a reallocation)."""
+    def compute_mib(extra):
+        r = run_tool("llama-cli", ["-m", model, "-p", "Hi", "-n", "1", "-c", "2048", "-ub", "512", "-ctk", "oscar2",
+                                   "-ctv", "oscar2", "-fa", "on", "-st", "-lv", "4", "-t", n_threads, *extra],
+                     timeout=300, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        sizes = re.findall(r"CPU compute buffer size =\s*([0-9.]+) MiB", r.stdout + r.stderr)
+        assert sizes
+        return float(sizes[-1])
+    with_window = compute_mib([])
+    without = compute_mib(["--oscar-sink", "0", "--oscar-recent", "0"])
+    # the mask's window columns alone: 512 tokens x 1024 rows (832 slots padded) x f16
+    assert with_window - without >= 0.99*512*1024*2/2**20
 
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",

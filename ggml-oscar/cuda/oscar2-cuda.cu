@@ -12,6 +12,8 @@
 #include "../../ggml-cuda/fattn-common.cuh" // FATTN_KQ_STRIDE
 #include "../oscar2.h"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -825,10 +827,24 @@ static __global__ void k_fa_int2(const fa_source src, const fa_params p, const i
 #define OSCAR_COMBINE_THREADS 256
 #define OSCAR_COMBINE_DIMS 32 // head dims per block
 
-template <int D>
+// the output's un-rotation, fused into the combine (UNROT): y = U o per query, U the D x D
+// matrix of the tagged rotation node after the attention (llama_oscar_unrotate_out)
+struct fa_unrot {
+    const float * U = nullptr; // null: no un-rotation
+    float *       y = nullptr; // [D, queries], as the attention output
+};
+
+// Grid (queries, D/OSCAR_COMBINE_DIMS): block y forms dims 32y..32y+31 of query blockIdx.x. UNROT
+// (sm_90): the D/32 blocks of a query are one thread-block cluster: each block puts its 32 dims
+// into shared memory, reads the whole o from the cluster's blocks (distributed shared memory)
+// and forms rows 32y..32y+31 of U o. Why: as a launch of its own (k_rotate_cols) the un-rotation
+// cost 3.4 us a layer at decode, mostly fixed cost (CUPTI trace, H100, Llama-8B shape); giving
+// each query one block instead, to have all of o in one place, made the combine 4 times fewer
+// blocks and slower at depth (branch experiment/unrotate-in-combine).
+template <int D, bool UNROT>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
 static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
-        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head) {
+        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head, const fa_unrot un) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
     constexpr int NW = NT/WARP_SIZE;
     constexpr int TD = OSCAR_COMBINE_DIMS; // threads along the head dims
@@ -841,6 +857,24 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int64_t qi = blockIdx.x;
     const float2 * ml = part_ml + qi*n_part;
+
+    // UNROT: this block's 32 rows of U, loaded first (they do not depend on the partials) into
+    // registers, and put into shared memory only after the combine: stores right after the loads
+    // would wait for them, and the partials' loads behind them
+    constexpr int UP = D + 1; // padded rows: the row-per-8-lanes reads below hit distinct banks
+    constexpr int UL = UNROT ? TD*D/4/NT : 1; // float4 of U per thread
+    __shared__ float sh_u[UNROT ? TD*UP : 1];
+    __shared__ float sh_o[UNROT ? D : 1];  // the whole combined o of the query
+    __shared__ float sh_mine[UNROT ? TD : 1];
+    float4 ur[UL];
+    if constexpr (UNROT) {
+        static_assert(TD*D/4 % NT == 0, "U in whole float4 per thread");
+        const float4 * u4 = (const float4 *) (un.U + (int64_t) blockIdx.y*TD*D);
+#pragma unroll
+        for (int k = 0; k < UL; ++k) {
+            ur[k] = u4[tid + k*NT];
+        }
+    }
 
     float Mx = -INFINITY;
     for (int s = tid; s < n_part; s += NT) {
@@ -901,16 +935,76 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
             x += sh_acc[i][tid];
         }
         dst[qi*D + d] = x*inv;
+        if constexpr (UNROT) {
+            sh_mine[tid] = x*inv;
+        }
+    }
+    if constexpr (UNROT) {
+#pragma unroll
+        for (int k = 0; k < UL; ++k) {
+            const int e = tid + k*NT;
+            float * row = sh_u + (e / (D/4))*UP + 4*(e % (D/4));
+            row[0] = ur[k].x; row[1] = ur[k].y; row[2] = ur[k].z; row[3] = ur[k].w;
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
+        namespace cg = cooperative_groups;
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync(); // every block's 32 dims are in its shared memory
+        if (tid < D) {
+            sh_o[tid] = cluster.map_shared_rank(sh_mine, tid / TD)[tid % TD];
+        }
+        cluster.sync(); // read everywhere (a block's shared memory must outlive the reads), sh_o complete
+        // row r = tid/8 of this block's rows, its 8 lanes split the D products
+        constexpr int LPR = NT/TD;
+        const int r = tid / LPR, part = tid % LPR;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = part; k < D; k += LPR) {
+            acc += sh_u[r*UP + k]*sh_o[k];
+        }
+#pragma unroll
+        for (int off = LPR/2; off > 0; off >>= 1) {
+            acc += __shfl_xor_sync(0xffffffff, acc, off, WARP_SIZE);
+        }
+        if (part == 0) {
+            un.y[qi*D + blockIdx.y*TD + r] = acc;
+        }
+#else
+        NO_DEVICE_CODE;
+#endif
     }
 }
 
-static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries, cudaStream_t stream) {
+// the combine of the partials into dst, and with un.U the output's un-rotation into un.y
+static void launch_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries,
+        const fa_unrot & un, cudaStream_t stream) {
     const size_t smem = (size_t) p.n_part*sizeof(float);
     const dim3 grid(n_queries, D/OSCAR_COMBINE_DIMS);
+    if (!un.U) {
+        switch (D) {
+            case  64: k_fa_combine< 64, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
+            case 128: k_fa_combine<128, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
+            case 256: k_fa_combine<256, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
+            default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
+        }
+        return;
+    }
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = D/OSCAR_COMBINE_DIMS;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(OSCAR_COMBINE_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
     switch (D) {
-        case  64: k_fa_combine< 64><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
-        case 128: k_fa_combine<128><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
-        case 256: k_fa_combine<256><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head); break;
+        case  64: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine< 64, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
+        case 128: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine<128, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
+        case 256: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine<256, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
         default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
     }
 }
@@ -1036,6 +1130,8 @@ static bool vec_path_ok(const ggml_tensor * dst) {
         (!dst->src[5] || vec_types_ok(dst->src[5]->type, dst->src[6]->type, K->ne[0]));
 }
 
+static fa_unrot take_unrot(const ggml_tensor * fa); // (the fusion plan, below)
+
 static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
     const ggml_tensor * sinks = dst->src[4], * Kw = dst->src[5], * Vw = dst->src[6];
@@ -1091,9 +1187,19 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         if (Kw) {
             const int nw = (int) Kw->ne[1];
-            rps_win = (nw + ns_main - 1)/ns_main;
-            rps_win = std::min(64, std::max(16, (rps_win + 15)/16*16));
+            auto chunks = [&](int n) { // rows per chunk for n chunks: a multiple of 16, 16 to 64
+                return std::min(64, std::max(16, ((nw + n - 1)/n + 15)/16*16));
+            };
+            rps_win = chunks(ns_main);
             ns_win  = (nw + rps_win - 1)/rps_win;
+            if (ns_win > ns_main) {
+                // the window's own blocks (small depths): as many as fit beside the cache's in one
+                // wave. A warp walks its window rows 4 at a time, each step a dependent chain of
+                // loads and warp sums: with chunks of 64 rows (4 steps) the attention took 10 us
+                // at depth 0, most of it the window (CUPTI trace, H100, Llama-8B shape)
+                rps_win = chunks(std::max(1, OSCAR_MMA_BLOCKS_PER_SM*n_sm/base - ns_main));
+                ns_win  = (nw + rps_win - 1)/rps_win;
+            }
         }
     } else {
         split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
@@ -1142,7 +1248,7 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         }
         GGML_ASSERT(ok && "oscar2 attention: no kernel for the window types");
     }
-    launch_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, stream);
+    launch_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, take_unrot(dst), stream);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1454,11 +1560,12 @@ static bool rows_contiguous(const ggml_tensor * t) {
 // f16). Each of those seven nodes is a launch of a few microseconds, mostly fixed cost, where an
 // f16 cache has two (its K write is even fused into RoPE): about 1 ms of every decoded token of
 // an 8B model (2026-11-23, H100). When the set_rows nodes that store a rotation's result come
-// after it in the graph, the rotation's launch does their work and they become no-ops; q's
-// rotation, by the same matrix as k's, joins k's launch (find_sibling): two launches a layer
-// instead of seven (H100, Llama-8B shape, tg64 with the set_rows fused: +2.9% at depth 0, +1.8%
-// at 32768, gpu/results/2026-11-24-decode-fixed-costs; with q too: 32 launches of k_rotate_cols
-// a token fewer, gpu/results/2026-11-24-packed-int2).
+// after it in the graph, the rotation's launch does their work and they become no-ops. The
+// rotations built right after k's join k's launch: q's, by the same matrix (find_job), and
+// v's with its own stores (find_second): one launch a layer instead of seven (H100, Llama-8B
+// shape, tg64 with the set_rows fused: +2.9% at depth 0, +1.8% at 32768,
+// gpu/results/2026-11-24-decode-fixed-costs; with q too: 32 launches of k_rotate_cols a token
+// fewer, gpu/results/2026-11-24-packed-int2; with v too: gpu/results/2026-11-24-one-launch).
 //
 // The plan is made in upstream's ggml_cuda_try_fuse (so GGML_CUDA_DISABLE_FUSION=1 turns it
 // off, and GGML_CUDA_OSCAR_NO_FUSION=1 turns off only this one): a set_rows node may move up to
@@ -1466,15 +1573,16 @@ static bool rows_contiguous(const ggml_tensor * t) {
 // ranges). The fused launch happens when the rotation node is computed; the set_rows nodes and
 // the rotation it did are then skipped. Nothing is planned across graphs.
 //
-// Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups), S threads.
-// Each warp forms 32 of the values y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as
-// ggml's mul_mat (and k_rotate_cols) define it (warp_rows_matvec), and writes them to the
-// rotation's output; each store target then takes the block's values: converted (window) or
-// quantized by teams exactly as k_oscar2_quantize does (the same sanitize and quantize_group on
-// the same f32 values).
+// Block: S = max(D, G) consecutive values of one token's row (S/D heads, S/G groups) of one job
+// (a rotation and its stores), S threads. Each warp forms 32 of the values
+// y_i = sum_k A[(i%D)*D + k] x[k + its head's offset], as ggml's mul_mat (and k_rotate_cols)
+// define it (warp_rows_matvec), and writes them to the rotation's output; each store target then
+// takes the block's values: converted (window) or quantized by teams exactly as
+// k_oscar2_quantize does (the same sanitize and quantize_group on the same f32 values).
 
 #define OSCAR_FUSED_STORES 2  // the INT2 cache and the window
 #define OSCAR_FUSE_SCAN    32 // graph nodes after a rotation searched for its set_rows
+#define OSCAR_FUSED_JOBS   3  // k with its stores, q (k's matrix, no stores), v with its stores
 
 struct rot_store {
     char *       dst;   // the set_rows destination (a row-major view of the cache or window)
@@ -1491,12 +1599,18 @@ struct rot_stores {
     int n;
 };
 
-// a second rotation by the same matrix, done by the same launch (blocks past the first's): q,
-// whose rotation the graph builds right after k's (llama_oscar_rotate_q)
-struct rot_sibling {
-    const float * x; // [E, tokens] f32, contiguous, as the first rotation's
+// one rotation of a fused launch and the cache writes of its result
+struct rot_job {
+    const float * A;  // D x D f32, row-major
+    const float * x;  // [E, tokens] f32, contiguous
     float *       y;
-    int64_t       E; // 0: none
+    int64_t       E;  // values per token, a multiple of the launch's S
+    rot_stores    st; // (n = 0: none)
+};
+
+struct rot_jobs {
+    rot_job j[OSCAR_FUSED_JOBS];
+    int n;
 };
 
 // the block's S values (shared memory) quantized into groups of G of the oscar2 row drow
@@ -1607,42 +1721,34 @@ struct warp_rows_matvec {
     }
 };
 
-// Grid (E/S + sb.E/S, tokens): x and y are [E, tokens] f32, contiguous (E = heads*D); the blocks
-// past E/S rotate the sibling sb (no stores)
+// Block e0/S of token t of job J
 template <int D, int S>
-static __global__ void k_rotate_store(const float * __restrict__ A, const float * __restrict__ x, float * __restrict__ y,
-        const int64_t E, const rot_stores st, const rot_sibling sb) {
-    static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
-    __shared__ float4 sx4[S/4];
-    __shared__ float  sy[S];
+static __device__ __forceinline__ void rotate_store_block(const rot_job & J, const int64_t e0, const int64_t t,
+        float4 * sx4, float * sy) {
     const int i = threadIdx.x;
-    const int64_t t  = blockIdx.y;
-    const int nbk = (int) (E/S);
-    const bool sib = (int) blockIdx.x >= nbk;
-    const int64_t e0 = (int64_t) (sib ? (int) blockIdx.x - nbk : (int) blockIdx.x)*S;
-    const int64_t base = t*(sib ? sb.E : E) + e0;
+    const int64_t base = t*J.E + e0;
     const int v0 = (i / WARP_SIZE)*WARP_SIZE; // the warp's first value: head v0/D, rows v0%D..
     warp_rows_matvec<D> mv;
-    mv.load(A, v0 % D);                        // in flight while x arrives
-    ((float *) sx4)[i] = (sib ? sb.x : x)[base + i];
+    mv.load(J.A, v0 % D);                      // in flight while x arrives
+    ((float *) sx4)[i] = J.x[base + i];
     __syncthreads();
     {
         int off;
         const float v = mv.dot(sx4 + (v0 / D)*(D/4), off);
-        (sib ? sb.y : y)[base + v0 + off] = v;
-        if (sib) {
-            return; // (the whole block)
-        }
+        J.y[base + v0 + off] = v;
         sy[v0 + off] = v;
+    }
+    if (J.st.n == 0) {
+        return; // (the whole block)
     }
     __syncthreads();
     const float acc = sy[i];
 #pragma unroll
     for (int j = 0; j < OSCAR_FUSED_STORES; ++j) {
-        if (j >= st.n) {
+        if (j >= J.st.n) {
             break;
         }
-        const rot_store & s = st.s[j];
+        const rot_store & s = J.st.s[j];
         const int64_t row = s.idx64 ? ((const int64_t *) s.idx)[t*s.idx_s] : (int64_t) ((const int32_t *) s.idx)[t*s.idx_s];
         char * drow = s.dst + row*s.nb1;
         switch (s.type) {
@@ -1656,16 +1762,41 @@ static __global__ void k_rotate_store(const float * __restrict__ A, const float 
     }
 }
 
-// the plan: the rotation node to fuse and the set_rows nodes it does; the set_rows done and not
-// yet reached by the graph loop. Per thread: a backend's graph is computed by one thread.
-struct fuse_plan {
-    const ggml_cgraph * graph = nullptr;
-    int last_i = -1;
+// Grid (sum of E/S over the jobs, tokens): the first E_0/S blocks take job 0, the next job 1, ...
+// (each job by a constant index: a run-time index into the parameters copied them to local memory)
+template <int D, int S>
+static __global__ void k_rotate_store(const rot_jobs jobs) {
+    static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
+    __shared__ float4 sx4[S/4];
+    __shared__ float  sy[S];
+    const int64_t t = blockIdx.y;
+    const int b0 = (int) (jobs.j[0].E/S), b1 = b0 + (jobs.n > 1 ? (int) (jobs.j[1].E/S) : 0);
+    const int b = blockIdx.x;
+    if (b < b0) {
+        rotate_store_block<D, S>(jobs.j[0], (int64_t) b*S, t, sx4, sy);
+    } else if (b < b1) {
+        rotate_store_block<D, S>(jobs.j[1], (int64_t) (b - b0)*S, t, sx4, sy);
+    } else {
+        rotate_store_block<D, S>(jobs.j[2], (int64_t) (b - b1)*S, t, sx4, sy);
+    }
+}
+
+// the plan: the rotations one launch does, each with the set_rows nodes it does (jobs[0] is the
+// node that launches, the others move up to it); the nodes done and not yet reached by the graph
+// loop. Per thread: a backend's graph is computed by one thread.
+struct planned_rot {
     const ggml_tensor * rot = nullptr;
     const ggml_tensor * stores[OSCAR_FUSED_STORES] = {};
     int n_stores = 0;
+};
+struct fuse_plan {
+    const ggml_cgraph * graph = nullptr;
+    int last_i = -1;
+    planned_rot jobs[OSCAR_FUSED_JOBS];
+    int n_jobs = 0;
     int64_t span = 0; // values per block of k_rotate_store (fused_span of every store)
-    const ggml_tensor * sib = nullptr; // a rotation by the same matrix, moved up into the launch
+    const ggml_tensor * fa    = nullptr; // an attention node whose combine also does
+    const ggml_tensor * unrot = nullptr; // the un-rotation of its output
     std::vector<const ggml_tensor *> done; // set_rows and rotations done by a fused launch
 };
 static thread_local fuse_plan g_fuse;
@@ -1722,38 +1853,149 @@ static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
         src->ne[0] % fused_span(rot->src[0]->ne[0], t) == 0;
 }
 
-// The first rotation after node i by the same matrix, if it rotates T tokens of whole blocks of
-// `span` values and may move up to node i: no node in between writes its input or touches its
-// output, and it shares no bytes with the operands or the result of node i (the two run side by
-// side). At decode it is q's rotation: the graph builds it right after k's (llama_oscar_rotate_q),
-// so that this launch takes it, one launch a layer less. (Built after k's cache writes, its
+// whether node t (a rotation or a set_rows after the launch node) may be done by the launch:
+// no node between them, other than those the launch also does, reads or writes its output or
+// writes its input
+static bool may_move_up(const ggml_cgraph * cgraph, int i, const ggml_tensor * t, const fuse_plan & p) {
+    auto planned = [&](const ggml_tensor * n) {
+        for (int j = 0; j < p.n_jobs; ++j) {
+            const planned_rot & r = p.jobs[j];
+            if (r.rot == n || std::find(r.stores, r.stores + r.n_stores, n) != r.stores + r.n_stores) {
+                return true;
+            }
+        }
+        return false;
+    };
+    for (int k = i + 1; k < cgraph->n_nodes && cgraph->nodes[k] != t; ++k) {
+        const ggml_tensor * mid = cgraph->nodes[k];
+        if (is_noop(mid) || planned(mid)) {
+            continue;
+        }
+        if (node_touches(mid, t) || (t->op == GGML_OP_MUL_MAT && bytes_overlap(mid, t->src[1]))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// whether out (and in, when given) share no bytes with what the planned jobs read or write:
+// the jobs of a launch run side by side
+static bool apart_from_jobs(const ggml_tensor * out, const ggml_tensor * in, const fuse_plan & p) {
+    for (int k = 0; k < p.n_jobs; ++k) {
+        const planned_rot & r = p.jobs[k];
+        if (bytes_overlap(out, r.rot) || bytes_overlap(out, r.rot->src[1]) || bytes_overlap(in, r.rot)) {
+            return false;
+        }
+        for (int s = 0; s < r.n_stores; ++s) {
+            if (bytes_overlap(out, r.stores[s]) || bytes_overlap(in, r.stores[s])) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+// the set_rows after node r (within end) that store the whole result of job's rotation (a job
+// of plan p, counted in it) and may be done by the launch at node i, into job's stores; widens
+// span to what they need
+static void find_stores(const ggml_cgraph * cgraph, int i, int r, int end, const fuse_plan & p, planned_rot & job,
+        int64_t & span) {
+    job.n_stores = 0;
+    for (int j = r + 1; j < end && job.n_stores < OSCAR_FUSED_STORES; ++j) {
+        const ggml_tensor * sr = cgraph->nodes[j];
+        if (is_noop(sr) || !fusable_store(job.rot, sr)) {
+            continue;
+        }
+        // (the stores found so far are done by the launch too; other jobs' own bytes are apart)
+        fuse_plan others = p;
+        for (int k = 0; k < others.n_jobs; ++k) {
+            if (others.jobs[k].rot == job.rot) {
+                others.jobs[k].n_stores = 0;
+            }
+        }
+        if (may_move_up(cgraph, i, sr, p) && apart_from_jobs(sr, nullptr, others)) {
+            job.stores[job.n_stores++] = sr;
+            span = std::max(span, fused_span(job.rot->src[0]->ne[0], sr->type));
+        }
+    }
+}
+
+// A rotation after node i (within end) that the launch of node i can do too: T tokens of whole
+// blocks of `span` values, of the same head size, sharing no bytes with what the launch already
+// does, and free to move up to node i. same_matrix: by node i's matrix (q's rotation: no stores
+// of its own), else by another (v's, with its stores). The graph builds both right after k's
+// rotation (patch 0017: llama_oscar_rotate_q, and v's rotation expanded after it), so that k's
+// launch takes them: one launch a layer instead of three. (Built after k's cache writes, q's
 // result shared memory with k's, freed by then: it was taken in 1 layer of 32.)
-static const ggml_tensor * find_sibling(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64_t span) {
+static int find_job(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64_t span, bool same_matrix, const fuse_plan & p) {
     const ggml_tensor * rot = cgraph->nodes[i];
     for (int j = i + 1; j < end; ++j) {
         const ggml_tensor * sb = cgraph->nodes[j];
         if (sb->op != GGML_OP_MUL_MAT || (sb->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !rotation_ok(sb) ||
-            sb->src[0]->data != rot->src[0]->data || !ggml_are_same_shape(sb->src[0], rot->src[0])) {
+            (sb->src[0]->data == rot->src[0]->data) != same_matrix || !ggml_are_same_shape(sb->src[0], rot->src[0])) {
+            continue;
+        }
+        bool planned = false;
+        for (int k = 0; k < p.n_jobs; ++k) {
+            planned = planned || p.jobs[k].rot == sb;
+        }
+        if (planned) {
             continue;
         }
         if (T <= 0 || ggml_nelements(sb) % T != 0 || (ggml_nelements(sb)/T) % span != 0) {
-            return nullptr;
+            return -1;
         }
-        if (bytes_overlap(sb, rot) || bytes_overlap(sb, rot->src[1]) || bytes_overlap(sb->src[1], rot)) {
-            return nullptr;
+        return apart_from_jobs(sb, sb->src[1], p) && may_move_up(cgraph, i, sb, p) ? j : -1;
+    }
+    return -1;
+}
+
+// The output's un-rotation after attention node i (llama_oscar_unrotate_out: a tagged rotation of
+// the whole output, through views only), for the combine to do (k_fa_combine, UNROT): when the
+// attention is ours, the device has clusters (sm_90) and no node in between is in the way.
+// Taken by fa_vec only (the split-KV decode); the f16 prefill path leaves it to its own node.
+static void plan_unrot(const ggml_cgraph * cgraph, int i, int end, int cc) {
+    fuse_plan & p = g_fuse;
+    const ggml_tensor * fa = cgraph->nodes[i];
+    p.fa = nullptr;
+    p.unrot = nullptr;
+    if (!fa_is_ours(fa) || !GGML_CUDA_CC_IS_NVIDIA(cc) || ggml_cuda_highest_compiled_arch(cc) < GGML_CUDA_CC_HOPPER ||
+        fa->type != GGML_TYPE_F32 || !ggml_is_contiguous(fa)) {
+        return;
+    }
+    const int64_t D = fa->ne[0];
+    for (int j = i + 1; j < end; ++j) {
+        const ggml_tensor * u = cgraph->nodes[j];
+        if (u->op != GGML_OP_MUL_MAT || !rotation_ok(u) || (u->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+            continue;
+        }
+        if (u->src[1]->data != fa->data || ggml_nelements(u->src[1]) != ggml_nelements(fa) || u->src[0]->ne[0] != D ||
+            bytes_overlap(u, fa)) {
+            return;
         }
         for (int k = i + 1; k < j; ++k) {
             const ggml_tensor * mid = cgraph->nodes[k];
-            if (is_noop(mid)) {
-                continue;
-            }
-            if (node_touches(mid, sb) || bytes_overlap(mid, sb->src[1])) {
-                return nullptr;
+            if (!is_noop(mid) && (node_touches(mid, u) || bytes_overlap(mid, fa))) {
+                return;
             }
         }
-        return sb;
+        p.fa = fa;
+        p.unrot = u;
+        return;
     }
-    return nullptr;
+}
+
+static fa_unrot take_unrot(const ggml_tensor * fa) {
+    fuse_plan & p = g_fuse;
+    fa_unrot un;
+    if (p.fa == fa && p.unrot) {
+        un.U = (const float *) p.unrot->src[0]->data;
+        un.y = (float *) p.unrot->data;
+        p.done.push_back(p.unrot);
+    }
+    p.fa = nullptr;
+    p.unrot = nullptr;
+    return un;
 }
 
 void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
@@ -1770,93 +2012,111 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
         return;
     }
     // upstream's concurrent streams reorder nodes; leave those graphs alone
-    if (rot->op != GGML_OP_MUL_MAT || !rotation_ok(rot) || !ctx.stream_context().concurrent_events.empty()) {
+    if (!ctx.stream_context().concurrent_events.empty()) {
         return;
     }
-    const ggml_tensor * stores[OSCAR_FUSED_STORES];
-    int n = 0;
-    int64_t span = rot->src[0]->ne[0];
     const int end = std::min(cgraph->n_nodes, i + 1 + OSCAR_FUSE_SCAN);
-    for (int j = i + 1; j < end && n < OSCAR_FUSED_STORES; ++j) {
-        const ggml_tensor * sr = cgraph->nodes[j];
-        if (is_noop(sr) || !fusable_store(rot, sr)) {
+    if (rot->op == GGML_OP_FLASH_ATTN_EXT) {
+        // GGML_CUDA_OSCAR_NO_UNROT=1: the un-rotation in its own launch again, for A/B timing
+        static const bool no_unrot = getenv("GGML_CUDA_OSCAR_NO_UNROT") && atoi(getenv("GGML_CUDA_OSCAR_NO_UNROT"));
+        if (!no_unrot) {
+            plan_unrot(cgraph, i, end, ggml_cuda_info().devices[ctx.device].cc);
+        }
+        return;
+    }
+    if (rot->op != GGML_OP_MUL_MAT || !rotation_ok(rot)) {
+        return;
+    }
+    fuse_plan plan; // built here, adopted only whole
+    plan.n_jobs = 1;
+    plan.jobs[0].rot = rot;
+    int64_t span = rot->src[0]->ne[0];
+    find_stores(cgraph, i, i, end, plan, plan.jobs[0], span);
+    if (plan.jobs[0].n_stores == 0) {
+        return;
+    }
+    const int64_t T = plan.jobs[0].stores[0]->src[0]->ne[1];
+    // q's rotation (k's matrix), then v's with its stores, each if it fits this launch
+    for (bool same : { true, false }) {
+        const int j = find_job(cgraph, i, end, T, span, same, plan);
+        if (j < 0) {
             continue;
         }
-        // sr moves up to node i: no node in between may touch the rows it writes
-        bool clear = true;
-        for (int k = i + 1; k < j && clear; ++k) {
-            const ggml_tensor * mid = cgraph->nodes[k];
-            if (is_noop(mid) || std::find(stores, stores + n, mid) != stores + n) {
-                continue;
-            }
-            clear = !node_touches(mid, sr);
+        planned_rot & r = plan.jobs[plan.n_jobs];
+        r.rot = cgraph->nodes[j];
+        plan.n_jobs++;
+        int64_t span2 = span;
+        if (!same) {
+            find_stores(cgraph, i, j, end, plan, r, span2);
         }
-        if (clear) {
-            stores[n++] = sr;
-            span = std::max(span, fused_span(rot->src[0]->ne[0], sr->type));
+        if (span2 != span || (r.n_stores > 0 && r.stores[0]->src[0]->ne[1] != T)) {
+            plan.n_jobs--; // (its blocks would differ from the launch's)
+            r = planned_rot();
         }
     }
     // every store's row must split into whole blocks of the common span
-    for (int s = 0; s < n; ++s) {
-        if (stores[s]->ne[0] % span != 0) {
-            n = 0;
+    for (int k = 0; k < plan.n_jobs; ++k) {
+        for (int s = 0; s < plan.jobs[k].n_stores; ++s) {
+            if (plan.jobs[k].stores[s]->ne[0] % span != 0) {
+                return;
+            }
         }
     }
-    if (n > 0) {
-        p.rot = rot;
-        p.n_stores = n;
-        p.span = span;
-        std::copy(stores, stores + n, p.stores);
-        p.sib = find_sibling(cgraph, i, end, stores[0]->src[0]->ne[1], span);
-    }
+    p.n_jobs = plan.n_jobs;
+    std::copy(plan.jobs, plan.jobs + plan.n_jobs, p.jobs);
+    p.span = span;
 }
 
 template <int D>
-static void launch_rotate_store(const ggml_tensor * rot, const rot_stores & st, const rot_sibling & sb, int64_t E, int64_t T, int S,
-        cudaStream_t stream) {
-    const float * a = (const float *) rot->src[0]->data, * x = (const float *) rot->src[1]->data;
-    float * y = (float *) rot->data;
-    const dim3 grid((unsigned) ((E + sb.E)/S), (unsigned) T);
+static void launch_rotate_store(const rot_jobs & jobs, int64_t T, int S, cudaStream_t stream) {
+    int64_t blocks = 0;
+    for (int j = 0; j < jobs.n; ++j) {
+        blocks += jobs.j[j].E/S;
+    }
+    const dim3 grid((unsigned) blocks, (unsigned) T);
     if (S == D) {
-        k_rotate_store<D, D><<<grid, D, 0, stream>>>(a, x, y, E, st, sb);
+        k_rotate_store<D, D><<<grid, D, 0, stream>>>(jobs);
     } else if (S == 2*D && D <= 128) {
-        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(a, x, y, E, st, sb);
+        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(jobs);
     } else {
         GGML_ABORT("oscar2: no fused rotation of head size %d in blocks of %d values", D, S);
     }
     CUDA_CHECK(cudaGetLastError());
 }
 
-// the planned rotation with its stores, in one launch (false: rot is not the planned one)
+// the planned rotations with their stores, in one launch (false: rot is not the planned one)
 static bool rotate_store(const ggml_tensor * rot, cudaStream_t stream) {
     fuse_plan & p = g_fuse;
-    if (p.rot != rot) {
+    if (p.n_jobs == 0 || p.jobs[0].rot != rot) {
         return false;
     }
     const int64_t D = rot->src[0]->ne[0];
-    const int64_t E = p.stores[0]->src[0]->ne[0], T = p.stores[0]->src[0]->ne[1];
+    const int64_t T = p.jobs[0].stores[0]->src[0]->ne[1];
+    rot_jobs jobs = {};
+    for (int k = 0; k < p.n_jobs; ++k) {
+        const planned_rot & r = p.jobs[k];
+        rot_job & J = jobs.j[k];
+        J = { (const float *) r.rot->src[0]->data, (const float *) r.rot->src[1]->data, (float *) r.rot->data,
+              ggml_nelements(r.rot)/T, {} };
+        for (int s = 0; s < r.n_stores; ++s) {
+            const ggml_tensor * sr = r.stores[s], * idx = sr->src[1];
+            J.st.s[s] = { (char *) sr->data, (int64_t) sr->nb[1], idx->data, 1, idx->type == GGML_TYPE_I64, sr->type,
+                          oscar2_is_type(sr->type) ? op_clip(sr) : 0.0f };
+            p.done.push_back(sr);
+        }
+        J.st.n = r.n_stores;
+        if (k > 0) {
+            p.done.push_back(r.rot);
+        }
+    }
+    jobs.n = p.n_jobs;
     const int S = (int) p.span;
-    rot_stores st = {};
-    for (int s = 0; s < p.n_stores; ++s) {
-        const ggml_tensor * sr = p.stores[s], * idx = sr->src[1];
-        st.s[s] = { (char *) sr->data, (int64_t) sr->nb[1], idx->data, 1, idx->type == GGML_TYPE_I64, sr->type,
-                    oscar2_is_type(sr->type) ? op_clip(sr) : 0.0f };
-        p.done.push_back(sr);
-    }
-    st.n = p.n_stores;
-    rot_sibling sb = {};
-    if (p.sib) {
-        sb = { (const float *) p.sib->src[1]->data, (float *) p.sib->data, ggml_nelements(p.sib)/T };
-        p.done.push_back(p.sib);
-    }
     switch (D) {
-        case  64: launch_rotate_store< 64>(rot, st, sb, E, T, S, stream); break;
-        case 128: launch_rotate_store<128>(rot, st, sb, E, T, S, stream); break;
-        case 256: launch_rotate_store<256>(rot, st, sb, E, T, S, stream); break;
+        case  64: launch_rotate_store< 64>(jobs, T, S, stream); break;
+        case 128: launch_rotate_store<128>(jobs, T, S, stream); break;
+        case 256: launch_rotate_store<256>(jobs, T, S, stream); break;
     }
-    p.rot = nullptr;
-    p.n_stores = 0;
-    p.sib = nullptr;
+    p.n_jobs = 0;
     return true;
 }
 
@@ -1914,7 +2174,8 @@ bool ggml_cuda_oscar2_compute_forward(ggml_backend_cuda_context & ctx, ggml_tens
                 return false;
             }
             if (fused_done(dst)) {
-                return true; // q, rotated by the launch of k's rotation before it
+                return true; // q or v, rotated by the launch of k's rotation before it (or the output's
+                             // un-rotation, done by the attention's combine)
             }
             if (!rotate_store(dst, ctx.stream())) {
                 rotate_cols(dst, ctx.stream());

@@ -294,12 +294,22 @@ void llama_oscar_window_clear(llama_kv_cache & kv) {
     w->n_hp_cur = 0;
 }
 
+// The window rows a graph built for mctx reads (and its mask's extra columns). A reserve graph
+// (the whole cache, no ubatch) takes every row the window can hold, not the rows in use now:
+// the buffers are sized by the reserve, and a graph larger than it makes the scheduler reallocate
+// them when it runs. With the rows in use (none in a fresh context) every prefill that filled
+// the window further did so: 20 ms a time for the pinned input buffer alone (CUPTI trace, H100,
+// 512 tokens at depth 16384), a quarter of the ubatch.
+static uint32_t graph_rows(const llama_oscar_window & w, const llama_kv_cache_context & mctx) {
+    return mctx.is_full_reserve() ? w.n_pad : w.n_hp_cur;
+}
+
 uint32_t llama_oscar_window_n_hp(const llama_kv_cache_context * mctx) {
     if (!mctx || !mctx->get_kv()) {
         return 0;
     }
     const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
-    return w ? w->n_hp_cur : 0;
+    return w ? graph_rows(*w, *mctx) : 0;
 }
 
 bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
@@ -426,7 +436,8 @@ llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph *
     }
     const llama_kv_cache & kv = *mctx->get_kv();
     const llama_oscar_window * w = llama_oscar_window_of(kv);
-    if (!w || w->n_hp_cur == 0) {
+    const uint32_t n_hp = w ? graph_rows(*w, *mctx) : 0;
+    if (n_hp == 0) {
         return res;
     }
     const auto & hp = llama_oscar_kv_access::model(kv).hparams;
@@ -434,7 +445,7 @@ llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph *
     const auto & sinfo = mctx->get_sinfo();
     const uint32_t ns = sinfo.s1 - sinfo.s0 + 1;
     auto view = [&](ggml_tensor * t, int64_t d, int64_t n_head) {
-        return ggml_view_4d(ctx, t, d, w->n_hp_cur, n_head, ns,
+        return ggml_view_4d(ctx, t, d, n_hp, n_head, ns,
                 t->nb[1], ggml_row_size(t->type, d), t->nb[2], t->nb[2]*sinfo.s0);
     };
     res.k = view(w->k[ikv], hp.n_embd_head_k(il), hp.n_head_kv(il));

@@ -6,7 +6,7 @@
 //                   llama_oscar_validate_rotations  finite and orthogonal, once, after load
 //   context         llama_oscar_resolve_cache_types oscar2 -> group size, flash attention
 //                   llama_oscar_configure_memory    clip ratios, rotation source, window
-//   graph           llama_oscar_rotate_kv / rotate_q / unrotate_out  (build_attn)
+//   graph           llama_oscar_rotate_k / rotate_q / rotate_v / unrotate_out  (build_attn)
 //                   llama_oscar_k_rot + llama_oscar_rotate (K shift: un-rotate, RoPE, re-rotate)
 //                   llama_oscar_tag_clip            clip ratio into set_rows / cpy op_params
 
@@ -480,17 +480,10 @@ ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llam
     return ggml_reshape_4d(ctx, y, x->ne[0], x->ne[1], x->ne[2], x->ne[3]);
 }
 
-void llama_oscar_rotate_kv(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
-        ggml_tensor * had_k, ggml_tensor * had_v, ggml_tensor *& k, ggml_tensor *& v) {
-    const llama_kv_cache & kv = *mctx->get_kv();
-    const llama_oscar_rot rk = llama_oscar_k_rot(kv, il, had_k);
-    if (rk && k) {
-        k = llama_oscar_rotate(ctx, k, rk, false);
-    }
-    const llama_oscar_rot rv = llama_oscar_v_rot(kv, il, had_v);
-    if (rv && v) {
-        v = llama_oscar_rotate(ctx, v, rv, false);
-    }
+ggml_tensor * llama_oscar_rotate_k(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_k, ggml_tensor * k) {
+    const llama_oscar_rot rk = llama_oscar_k_rot(*mctx->get_kv(), il, had_k);
+    return rk && k ? llama_oscar_rotate(ctx, k, rk, false) : k;
 }
 
 ggml_tensor * llama_oscar_rotate_q(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
@@ -498,6 +491,12 @@ ggml_tensor * llama_oscar_rotate_q(ggml_context * ctx, const llama_kv_cache_cont
     const llama_oscar_rot rk = llama_oscar_k_rot(*mctx->get_kv(), il, had_k);
     // scores are unchanged: (q R)(k R)^T = q k^T for an orthogonal R
     return rk ? llama_oscar_rotate(ctx, q, rk, false) : q;
+}
+
+ggml_tensor * llama_oscar_rotate_v(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_v, ggml_tensor * v) {
+    const llama_oscar_rot rv = llama_oscar_v_rot(*mctx->get_kv(), il, had_v);
+    return rv && v ? llama_oscar_rotate(ctx, v, rv, false) : v;
 }
 
 ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,

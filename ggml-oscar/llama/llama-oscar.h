@@ -88,14 +88,17 @@ llama_oscar_rot llama_oscar_v_rot(const llama_kv_cache & kv, int32_t il, ggml_te
 // (x: [d, ...]). A plain matmul: the Hadamard hint must not be set for a calibrated R.
 ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llama_oscar_rot & rot, bool inverse);
 
-// build_attn helpers: rotate k/v, then q, into the cache basis of layer il, and the attention
-// output back. mctx is the layer's KV cache context; had_k/had_v are upstream's Hadamard inputs.
-// q's rotation goes into the graph right after k's: the CUDA backend then rotates q in the launch
-// that rotates k and writes the caches (ggml-oscar/cuda, find_sibling).
-void llama_oscar_rotate_kv(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
-        ggml_tensor * had_k, ggml_tensor * had_v, ggml_tensor *& k, ggml_tensor *& v);
+// build_attn helpers: rotate k, q and v, in this order, into the cache basis of layer il, and
+// the attention output back. mctx is the layer's KV cache context; had_k/had_v are upstream's
+// Hadamard inputs. q's and v's rotations go into the graph right after k's (v's projection
+// before k's, as upstream): the CUDA backend then does all three in the launch that rotates k
+// and writes the caches (ggml-oscar/cuda, find_job).
+ggml_tensor * llama_oscar_rotate_k(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_k, ggml_tensor * k);
 ggml_tensor * llama_oscar_rotate_q(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
         ggml_tensor * had_k, ggml_tensor * q);
+ggml_tensor * llama_oscar_rotate_v(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
+        ggml_tensor * had_v, ggml_tensor * v);
 ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
         ggml_tensor * had_v, ggml_tensor * cur);
 
