@@ -1561,8 +1561,8 @@ static bool rows_contiguous(const ggml_tensor * t) {
 // f16 cache has two (its K write is even fused into RoPE): about 1 ms of every decoded token of
 // an 8B model (2026-11-23, H100). When the set_rows nodes that store a rotation's result come
 // after it in the graph, the rotation's launch does their work and they become no-ops. The
-// rotations built right after k's join k's launch: q's, by the same matrix (find_job), and
-// v's with its own stores (find_second): one launch a layer instead of seven (H100, Llama-8B
+// rotations built right after k's join k's launch (find_job): q's, by the same matrix, and
+// v's with its own stores: one launch a layer instead of seven (H100, Llama-8B
 // shape, tg64 with the set_rows fused: +2.9% at depth 0, +1.8% at 32768,
 // gpu/results/2026-11-24-decode-fixed-costs; with q too: 32 launches of k_rotate_cols a token
 // fewer, gpu/results/2026-11-24-packed-int2; with v too: gpu/results/2026-11-24-one-launch).
