@@ -875,6 +875,9 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
             ur[k] = u4[tid + k*NT];
         }
     }
+    // launched as a programmatic dependent of the attention (launch_combine): everything above
+    // overlaps its last blocks; the partials are read only after it has finished
+    ggml_cuda_pdl_sync();
 
     float Mx = -INFINITY;
     for (int s = tid; s < n_part; s += NT) {
@@ -989,18 +992,28 @@ static void launch_combine(int D, const fa_params & p, const float * sinks, floa
         }
         return;
     }
-    cudaLaunchAttribute attr = {};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = D/OSCAR_COMBINE_DIMS;
-    attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr[2] = {};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = D/OSCAR_COMBINE_DIMS;
+    attr[0].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(OSCAR_COMBINE_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = &attr;
+    cfg.attrs = attr;
     cfg.numAttrs = 1;
+#if defined(GGML_CUDA_USE_PDL)
+    // a programmatic dependent of the attention (upstream's GGML_CUDA_PDL=0 turns it off): its
+    // blocks may start as the attention's blocks end, load U, and wait (ggml_cuda_pdl_sync)
+    static const bool pdl = !getenv("GGML_CUDA_PDL") || atoi(getenv("GGML_CUDA_PDL")) != 0;
+    if (pdl) {
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 2;
+    }
+#endif
     switch (D) {
         case  64: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine< 64, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
         case 128: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine<128, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;

@@ -135,6 +135,10 @@ __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
 static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int main0,
         const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
+    // the combine after this launch may be scheduled now (it waits for this grid's end before it
+    // reads anything): its blocks fit an SM only beside fewer than OSCAR_MMA_BLOCKS_PER_SM of
+    // these, so they start as this grid's last blocks finish
+    ggml_cuda_pdl_lc();
     if constexpr (WT != GGML_TYPE_COUNT) {
         if ((int) blockIdx.y < ns_win) {
             // (its shared memory is its own: no barrier is needed before the cache's part)
