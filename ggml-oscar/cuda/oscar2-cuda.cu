@@ -1866,22 +1866,24 @@ static bool fusable_store(const ggml_tensor * rot, const ggml_tensor * sr) {
         src->ne[0] % fused_span(rot->src[0]->ne[0], t) == 0;
 }
 
+// node n is one of the plan's rotations or stores
+static bool is_planned(const fuse_plan & p, const ggml_tensor * n) {
+    for (int j = 0; j < p.n_jobs; ++j) {
+        const planned_rot & r = p.jobs[j];
+        if (r.rot == n || std::find(r.stores, r.stores + r.n_stores, n) != r.stores + r.n_stores) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // whether node t (a rotation or a set_rows after the launch node) may be done by the launch:
 // no node between them, other than those the launch also does, reads or writes its output or
 // writes its input
 static bool may_move_up(const ggml_cgraph * cgraph, int i, const ggml_tensor * t, const fuse_plan & p) {
-    auto planned = [&](const ggml_tensor * n) {
-        for (int j = 0; j < p.n_jobs; ++j) {
-            const planned_rot & r = p.jobs[j];
-            if (r.rot == n || std::find(r.stores, r.stores + r.n_stores, n) != r.stores + r.n_stores) {
-                return true;
-            }
-        }
-        return false;
-    };
     for (int k = i + 1; k < cgraph->n_nodes && cgraph->nodes[k] != t; ++k) {
         const ggml_tensor * mid = cgraph->nodes[k];
-        if (is_noop(mid) || planned(mid)) {
+        if (is_noop(mid) || is_planned(p, mid)) {
             continue;
         }
         if (node_touches(mid, t) || (t->op == GGML_OP_MUL_MAT && bytes_overlap(mid, t->src[1]))) {
@@ -1919,14 +1921,9 @@ static void find_stores(const ggml_cgraph * cgraph, int i, int r, int end, const
         if (is_noop(sr) || !fusable_store(job.rot, sr)) {
             continue;
         }
-        // (the stores found so far are done by the launch too; other jobs' own bytes are apart)
-        fuse_plan others = p;
-        for (int k = 0; k < others.n_jobs; ++k) {
-            if (others.jobs[k].rot == job.rot) {
-                others.jobs[k].n_stores = 0;
-            }
-        }
-        if (may_move_up(cgraph, i, sr, p) && apart_from_jobs(sr, nullptr, others)) {
+        // (the stores found so far are done by the launch too; the rows it writes are apart
+        // from every job's operands and stores, its own rotation's included)
+        if (may_move_up(cgraph, i, sr, p) && apart_from_jobs(sr, nullptr, p)) {
             job.stores[job.n_stores++] = sr;
             span = std::max(span, fused_span(job.rot->src[0]->ne[0], sr->type));
         }
@@ -1948,11 +1945,7 @@ static int find_job(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64
             (sb->src[0]->data == rot->src[0]->data) != same_matrix || !ggml_are_same_shape(sb->src[0], rot->src[0])) {
             continue;
         }
-        bool planned = false;
-        for (int k = 0; k < p.n_jobs; ++k) {
-            planned = planned || p.jobs[k].rot == sb;
-        }
-        if (planned) {
+        if (is_planned(p, sb)) {
             continue;
         }
         if (T <= 0 || ggml_nelements(sb) % T != 0 || (ggml_nelements(sb)/T) % span != 0) {
