@@ -358,10 +358,14 @@ EOF
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
 # oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither);
 # variant_env NAME: its environment (oscar2:nofuse: no oscar fusion at all; oscar2:nounrot: the output's
-# un-rotation not fused into the attention's combine)
+# un-rotation not fused into the attention's combine; oscar2:nopdl: our kernels launched plainly,
+# upstream's still as programmatic dependents; oscar2:pdlN: GGML_CUDA_OSCAR_PDL=N, a mask of the
+# oscar_pdl bits in ggml-oscar/cuda/oscar2-cuda.cu)
 variant_env() {
     [[ $1 == *:nofuse* ]] && echo GGML_CUDA_OSCAR_NO_FUSION=1
     [[ $1 == *:nounrot* ]] && echo GGML_CUDA_OSCAR_NO_UNROT=1
+    [[ $1 == *:nopdl* ]] && echo GGML_CUDA_OSCAR_PDL=0
+    [[ $1 =~ :pdl([0-9]+) ]] && echo GGML_CUDA_OSCAR_PDL=${BASH_REMATCH[1]}
     return 0
 }
 variant_args() {

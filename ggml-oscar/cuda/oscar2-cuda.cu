@@ -24,6 +24,66 @@ static constexpr __host__ __device__ int group_of(ggml_type t) {
     return t == GGML_TYPE_OSCAR2 ? QK_OSCAR2 : QK_OSCAR2_64;
 }
 
+// ---- launches as programmatic dependents ---------------------------------------------------
+//
+// Upstream's kernels let the next launch start early (ggml_cuda_pdl_lc) and wait for their
+// inputs (ggml_cuda_pdl_sync). A plain launch of ours between two of them was a full stop: its
+// blocks were scheduled only after the kernel before had ended, and the next kernel's only after
+// ours. Our decode kernels (rotate-store, attention, combine) are launched the same way, and each
+// of them follows one rule: before ggml_cuda_pdl_sync it reads only weights (rotation matrices),
+// and it writes nothing. Which of them let the next launch start early (ggml_cuda_pdl_lc) is
+// chosen per kernel: not the rotate-store (see there). Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
+// ends only after the one before it: a later kernel's wait covers all earlier ones.
+// GGML_CUDA_PDL=0 turns it off for all kernels, GGML_CUDA_OSCAR_PDL for ours alone, as a mask of
+// the oscar_pdl bits (default all; 0: none), to time each apart.
+enum oscar_pdl : unsigned {
+    OSCAR_PDL_ROTATE     = 1, // the rotate-store waits in place of a full stop after the kernel before
+    OSCAR_PDL_ATTENTION  = 2, // the attention likewise after the rotate-store
+    OSCAR_PDL_COMBINE    = 4, // the combine likewise, started when the attention's blocks start
+    OSCAR_PDL_AFTER_COMB = 8, // the kernel after the combine started when the combine's blocks start
+};
+
+static bool env_flag(const char * name, bool dflt) {
+    const char * v = getenv(name);
+    return v ? atoi(v) != 0 : dflt;
+}
+
+static bool oscar_pdl_on(const unsigned bit) {
+    static const unsigned mask = (unsigned) strtoul(getenv("GGML_CUDA_OSCAR_PDL") ? getenv("GGML_CUDA_OSCAR_PDL") : "15", nullptr, 0);
+    return env_flag("GGML_CUDA_PDL", true) && (mask & bit) != 0;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent where the build, the
+// kernel's code and the environment (oscar_pdl bit) allow it, and as a cluster of cluster_y blocks
+// along y if > 1
+template <typename... KArgs, typename... Args>
+static void launch_dependent(void (*kernel)(KArgs...), unsigned bit, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+        unsigned cluster_y, Args &&... args) {
+    cudaLaunchAttribute attr[2] = {};
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    if (cluster_y > 1) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = 1;
+        attr[cfg.numAttrs].val.clusterDim.y = cluster_y;
+        attr[cfg.numAttrs].val.clusterDim.z = 1;
+        cfg.numAttrs++;
+    }
+#if defined(GGML_CUDA_USE_PDL)
+    // (a kernel built from pre-Hopper code has no wait in it: upstream's check of its PTX version)
+    if (oscar_pdl_on(bit) && ggml_cuda_kernel_can_use_pdl((const void *) kernel)) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs++;
+    }
+#endif
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 // ---- quantization: one team of G/4 lanes per group --------------------------------------------
 //
 // Lane b of a team owns byte b of qs and the four values b + s*G/4 (s = 0..3) that it packs.
@@ -844,7 +904,8 @@ struct fa_unrot {
 template <int D, bool UNROT>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
 static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
-        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head, const fa_unrot un) {
+        const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head, const fa_unrot un,
+        const bool early_next) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
     constexpr int NW = NT/WARP_SIZE;
     constexpr int TD = OSCAR_COMBINE_DIMS; // threads along the head dims
@@ -857,6 +918,9 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int64_t qi = blockIdx.x;
     const float2 * ml = part_ml + qi*n_part;
+    if (early_next) {
+        ggml_cuda_pdl_lc(); // the kernel after us may be scheduled (it waits for our end)
+    }
 
     // UNROT: this block's 32 rows of U, loaded first (they do not depend on the partials) into
     // registers, and put into shared memory only after the combine: stores right after the loads
@@ -983,43 +1047,20 @@ static void launch_combine(int D, const fa_params & p, const float * sinks, floa
         const fa_unrot & un, cudaStream_t stream) {
     const size_t smem = (size_t) p.n_part*sizeof(float);
     const dim3 grid(n_queries, D/OSCAR_COMBINE_DIMS);
-    if (!un.U) {
-        switch (D) {
-            case  64: k_fa_combine< 64, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
-            case 128: k_fa_combine<128, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
-            case 256: k_fa_combine<256, false><<<grid, OSCAR_COMBINE_THREADS, smem, stream>>>(p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un); break;
-            default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
-        }
-        return;
-    }
-    cudaLaunchAttribute attr[2] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = D/OSCAR_COMBINE_DIMS;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(OSCAR_COMBINE_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-#if defined(GGML_CUDA_USE_PDL)
-    // a programmatic dependent of the attention (upstream's GGML_CUDA_PDL=0 turns it off): its
-    // blocks may start as the attention's blocks end, load U, and wait (ggml_cuda_pdl_sync)
-    static const bool pdl = !getenv("GGML_CUDA_PDL") || atoi(getenv("GGML_CUDA_PDL")) != 0;
-    if (pdl) {
-        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.numAttrs = 2;
-    }
-#endif
+    const dim3 block(OSCAR_COMBINE_THREADS);
+    // its blocks may start as the attention's blocks end, load U, and wait (ggml_cuda_pdl_sync);
+    // with the un-rotation the D/32 blocks of a query are a cluster
+    const unsigned cluster = un.U ? D/OSCAR_COMBINE_DIMS : 1;
+    const bool early_next = oscar_pdl_on(OSCAR_PDL_AFTER_COMB);
+#define OSCAR_COMBINE_CASE(D_) case D_: launch_dependent(un.U ? k_fa_combine<D_, true> : k_fa_combine<D_, false>, OSCAR_PDL_COMBINE, grid, block, smem, stream, \
+        cluster, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un, early_next); break;
     switch (D) {
-        case  64: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine< 64, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
-        case 128: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine<128, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
-        case 256: CUDA_CHECK(cudaLaunchKernelEx(&cfg, k_fa_combine<256, true>, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un)); break;
+        OSCAR_COMBINE_CASE(64)
+        OSCAR_COMBINE_CASE(128)
+        OSCAR_COMBINE_CASE(256)
         default: GGML_ABORT("oscar2 attention: no combine for D = %d", D);
     }
+#undef OSCAR_COMBINE_CASE
 }
 
 // queries per block, rounded up to the kernel's compile-time sizes (at least one token's heads)
@@ -1089,14 +1130,16 @@ static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & 
     const int main0 = ns_win > ns_main ? ns_win : 0;
     const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
+#define OSCAR_MMA_CASE(N_) case N_: launch_dependent(k_fa_int2_mma<D, T, WT, N_>, OSCAR_PDL_ATTENTION, grid, block, 0, stream, 1, \
+        src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
     switch (nqb) {
-        case 1: k_fa_int2_mma<D, T, WT, 1><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
-        case 2: k_fa_int2_mma<D, T, WT, 2><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
-        case 4: k_fa_int2_mma<D, T, WT, 4><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
-        case 8: k_fa_int2_mma<D, T, WT, 8><<<grid, block, 0, stream>>>(src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
+        OSCAR_MMA_CASE(1)
+        OSCAR_MMA_CASE(2)
+        OSCAR_MMA_CASE(4)
+        OSCAR_MMA_CASE(8)
         default: GGML_ABORT("oscar2 attention: %d queries per block on the mma kernel", nqb);
     }
-    CUDA_CHECK(cudaGetLastError());
+#undef OSCAR_MMA_CASE
 }
 
 template <int D, ggml_type T>
@@ -1540,6 +1583,14 @@ static bool rotation_ok(const ggml_tensor * dst) {
         ggml_nrows(x) <= OSCAR_ROT_MAX_COLS && ggml_is_contiguous(A) && ggml_is_contiguous(x) && ggml_is_contiguous(dst);
 }
 
+// ... and one a fused launch may take: those read the matrix before they wait for the kernels
+// before them (launch_dependent), so it must be a leaf of the graph (a model tensor, or a view
+// of one), written before the graph runs
+static bool rotation_fusable(const ggml_tensor * dst) {
+    const ggml_tensor * A = dst->src[0];
+    return rotation_ok(dst) && (A->view_src ? A->view_src : A)->op == GGML_OP_NONE;
+}
+
 static void rotate_cols(const ggml_tensor * dst, cudaStream_t stream) {
     const ggml_tensor * A = dst->src[0], * x = dst->src[1];
     const int n = (int) ggml_nrows(x);
@@ -1742,7 +1793,8 @@ static __device__ __forceinline__ void rotate_store_block(const rot_job & J, con
     const int64_t base = t*J.E + e0;
     const int v0 = (i / WARP_SIZE)*WARP_SIZE; // the warp's first value: head v0/D, rows v0%D..
     warp_rows_matvec<D> mv;
-    mv.load(J.A, v0 % D);                      // in flight while x arrives
+    mv.load(J.A, v0 % D);                      // in flight while x arrives (A: a weight)
+    ggml_cuda_pdl_sync();                      // x, and the cache rows we write, belong to earlier kernels
     ((float *) sx4)[i] = J.x[base + i];
     __syncthreads();
     {
@@ -1782,6 +1834,10 @@ static __global__ void k_rotate_store(const rot_jobs jobs) {
     static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
+    // (no early ggml_cuda_pdl_lc here: the attention's blocks would become resident beside ours
+    // and wait, and on an SM that holds one of ours fewer of them fit; its grid is sized to fill
+    // every SM in one wave, so some went into a second: tg64 at 32768 fell from 231.64 to 223.84
+    // tok/s, H100, Llama-8B shape)
     const int64_t t = blockIdx.y;
     const int b0 = (int) (jobs.j[0].E/S), b1 = b0 + (jobs.n > 1 ? (int) (jobs.j[1].E/S) : 0);
     const int b = blockIdx.x;
@@ -1941,7 +1997,7 @@ static int find_job(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64
     const ggml_tensor * rot = cgraph->nodes[i];
     for (int j = i + 1; j < end; ++j) {
         const ggml_tensor * sb = cgraph->nodes[j];
-        if (sb->op != GGML_OP_MUL_MAT || (sb->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !rotation_ok(sb) ||
+        if (sb->op != GGML_OP_MUL_MAT || (sb->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !rotation_fusable(sb) ||
             (sb->src[0]->data == rot->src[0]->data) != same_matrix || !ggml_are_same_shape(sb->src[0], rot->src[0])) {
             continue;
         }
@@ -1972,7 +2028,7 @@ static void plan_unrot(const ggml_cgraph * cgraph, int i, int end, int cc) {
     const int64_t D = fa->ne[0];
     for (int j = i + 1; j < end; ++j) {
         const ggml_tensor * u = cgraph->nodes[j];
-        if (u->op != GGML_OP_MUL_MAT || !rotation_ok(u) || (u->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
+        if (u->op != GGML_OP_MUL_MAT || !rotation_fusable(u) || (u->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
             continue;
         }
         if (u->src[1]->data != fa->data || ggml_nelements(u->src[1]) != ggml_nelements(fa) || u->src[0]->ne[0] != D ||
@@ -2030,7 +2086,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
         }
         return;
     }
-    if (rot->op != GGML_OP_MUL_MAT || !rotation_ok(rot)) {
+    if (rot->op != GGML_OP_MUL_MAT || !rotation_fusable(rot)) {
         return;
     }
     fuse_plan plan; // built here, adopted only whole
@@ -2081,13 +2137,12 @@ static void launch_rotate_store(const rot_jobs & jobs, int64_t T, int S, cudaStr
     }
     const dim3 grid((unsigned) blocks, (unsigned) T);
     if (S == D) {
-        k_rotate_store<D, D><<<grid, D, 0, stream>>>(jobs);
+        launch_dependent(k_rotate_store<D, D>, OSCAR_PDL_ROTATE, grid, dim3(D), 0, stream, 1, jobs);
     } else if (S == 2*D && D <= 128) {
-        k_rotate_store<D, (D <= 128 ? 2*D : D)><<<grid, 2*D, 0, stream>>>(jobs);
+        launch_dependent(k_rotate_store<D, (D <= 128 ? 2*D : D)>, OSCAR_PDL_ROTATE, grid, dim3(2*D), 0, stream, 1, jobs);
     } else {
         GGML_ABORT("oscar2: no fused rotation of head size %d in blocks of %d values", D, S);
     }
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // the planned rotations with their stores, in one launch (false: rot is not the planned one)

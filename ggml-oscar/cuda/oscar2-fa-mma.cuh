@@ -10,15 +10,19 @@
 //                                                                    A = V codes, B = P' = p dV)
 // The query (per group) is an integer of 15 bits split into two int8 parts (x = 256 hi + lo), so
 // the score's product is exact in s32. P' goes in as two f16 parts, hi = f16(P') and lo =
-// f16(P' - hi): 22 bits. A V code c enters the f16 product as 1 + c/4 (the code in mantissa bits
-// 8 and 9 of 1.0: a shift and a mask, no conversion): sum_r (1 + c_r/4) P'_r = sum_r P'_r + C/4,
-// so C = 4 (acc - sum_r P'_r). Emulated in numpy (f32 sums per 32-row step): max error / max
-// output 1-3e-6 at 113-1024 rows, 6e-5 at 32768 rows (the subtraction amplifies the f32 sum's
-// rounding), against 1.5e-6 for the int8 product; P' as one f16 part alone: 6e-5 to 2e-4, over
-// the CUDA tests' 1e-4.
+// f16(P' - hi): 22 bits. A V code c enters the f16 product as the subnormal c 2^-16: the code
+// in mantissa bits 8 and 9 with a zero exponent (a shift and a mask, no conversion), so the V
+// product is 2^-16 C, with no offset to take off.
+// Why not the code where it lies (bits 2s, 2s+1 of the low byte, c 4^s 2^-24: no shift): the
+// H100's tensor cores multiply such subnormals exactly one by one, but sum them with fewer
+// bits (they sit up to 8 bits below the smallest normal): 1.6e-4 of the largest output at 300
+// rows (test_oscar2_ops), over the tests' 1e-4. And why not 1 + c/4 (bits 8 and 9 of 1.0, the
+// first version): C = 4 (acc - sum_r P'_r), and that subtraction amplified the f32 sum's
+// rounding to 6e-5 of the largest output at 32768 rows (numpy emulation). P' as one f16 part
+// alone was 6e-5 to 2e-4 in that emulation.
 // (The int8 V product split P' into three int8 parts of a 23-bit integer: 24 mma, 64 integer
-// multiplies and 32 I2F per 32-row step for D = 128; this one needs 32 HMMA and no conversions:
-// the loop went from 999 to 941 instructions, SASS sm_90.)
+// multiplies and 32 I2F per 32-row step for D = 128; the f16 one needs 32 HMMA and no
+// conversions: the loop went from 999 to 941 instructions, SASS sm_90.)
 //
 // No A row is wasted in the K product: it stacks the query's hi parts (rows 0..7) over its lo
 // parts (rows 8..15); the V product puts 16 head dims in A's rows. Details above the kernel.
@@ -89,14 +93,12 @@ static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a0, co
 #endif
 }
 
-// the f16 pair (1 + c_x/4, 1 + c_y/4) of the 2-bit codes at bit 2s of byte 1 and byte 3 of x;
-// one = 0x3C003C00 in a register, so that the mask and the or are one LOP3 (with both as
-// immediates ptxas made two of it: 64 instructions more per step, SASS sm_90)
-static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const int s, const uint32_t one) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x >> (2*s)), "n"(0x03000300), "r"(one)); // (a & b) | c
-    return r;
+// the f16 pair (c_x 2^-16, c_y 2^-16), subnormals, of the 2-bit codes at bit 2s of byte 1 and
+// byte 3 of x
+static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const int s) {
+    return (x >> (2*s)) & 0x03000300u;
 }
+#define OSCAR_CODE_UNSCALE 65536.0f // 2^16: a V product over codes_f16x2 back to the codes' sum
 
 // Grid (n_head_kv*ne3, max(main0 + ns_main, ns_win), n_query_groups), 4 warps. Block y first runs
 // window chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
@@ -139,6 +141,9 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     // reads anything): its blocks fit an SM only beside fewer than OSCAR_MMA_BLOCKS_PER_SM of
     // these, so they start as this grid's last blocks finish
     ggml_cuda_pdl_lc();
+    // launched as a programmatic dependent (launch_dependent): q and the cache rows come from the
+    // kernels before; every block waits, those that have no rows too
+    ggml_cuda_pdl_sync();
     if constexpr (WT != GGML_TYPE_COUNT) {
         if ((int) blockIdx.y < ns_win) {
             // (its shared memory is its own: no barrier is needed before the cache's part)
@@ -243,14 +248,13 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
     }
 
-    // online softmax state of query g (M, S, am: sum of p mV per group, sp: sum of the f16 P' per
-    // group, in the lanes of query g); acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq
-    // (k even) and 2qq + 1, dims vdim: sum of (1 + c/4) P'
-    float M = -INFINITY, S = 0.0f, am[NG], sp[NG], acc[NG][NTV][4];
+    // online softmax state of query g (M, S, am: sum of p mV per group, in the lanes of query g);
+    // acc[gi][mt][k]: C entry k of V tile mt, i.e. queries 2qq (k even) and 2qq + 1, dims vdim:
+    // sum of c 2^-16 P'
+    float M = -INFINITY, S = 0.0f, am[NG], acc[NG][NTV][4];
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = 0.0f;
-        sp[gi] = 0.0f;
 #pragma unroll
         for (int mt = 0; mt < NTV; ++mt) {
             acc[gi][mt][0] = acc[gi][mt][1] = acc[gi][mt][2] = acc[gi][mt][3] = 0.0f;
@@ -313,7 +317,6 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const half * mask_q = mask && sok ? mask + stok*p.mask_nb1 : nullptr;
 
     constexpr int STEP = OSCAR_FA_WARPS*R;
-    const uint32_t one = 0x3C003C00u; // f16 1.0 twice (codes_f16x2)
     step cur, nxt;
     int rb = r0 + w*R;
     if (rb < r1) {
@@ -404,7 +407,6 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 am[gi] *= cf;
-                sp[gi] *= cf;
 #pragma unroll
                 for (int mt = 0; mt < NTV; ++mt) {
                     acc[gi][mt][0] *= cfa; acc[gi][mt][2] *= cfa;
@@ -436,8 +438,6 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 const half2  hi = __floats2half2_rn(pv[0], pv[1]);
                 const float2 hf = __half22float2(hi);
                 const half2  lo = __floats2half2_rn(pv[0] - hf.x, pv[1] - hf.y);
-                const float2 lf = __half22float2(lo);
-                sp[gi] += (hf.x + hf.y) + (lf.x + lf.y); // the sum of what the mma multiplies
                 pbh[k] = *(const uint32_t *) &hi;
                 pbl[k] = *(const uint32_t *) &lo;
             }
@@ -477,8 +477,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 for (int mt = 0; mt < NTV; ++mt) {
                     const int j = jv(mt), s = sv(mt);
                     // A rows g (shift s) and g+8 (shift s+1); k = 2qq, 2qq+1 (x) and 2qq+8, 2qq+9 (y)
-                    const uint32_t a0 = codes_f16x2(x[j], s, one), a1 = codes_f16x2(x[j], s + 1, one);
-                    const uint32_t a2 = codes_f16x2(y[j], s, one), a3 = codes_f16x2(y[j], s + 1, one);
+                    const uint32_t a0 = codes_f16x2(x[j], s), a1 = codes_f16x2(x[j], s + 1);
+                    const uint32_t a2 = codes_f16x2(y[j], s), a3 = codes_f16x2(y[j], s + 1);
                     mma_f16(acc[gi][mt], a0, a1, a2, a3, bh[h][0], bh[h][1]);
                     if constexpr (!PK) {
                         mma_f16(acc[gi][mt], a0, a1, a2, a3, bl[h][0], bl[h][1]);
@@ -504,11 +504,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 #pragma unroll
     for (int gi = 0; gi < NG; ++gi) {
         am[gi] = query_sum(am[gi]);
-        sp[gi] = query_sum(sp[gi]);
         const float ama = __shfl_sync(0xffffffff, am[gi], ql,     WARP_SIZE);
         const float amb = __shfl_sync(0xffffffff, am[gi], ql + 4, WARP_SIZE);
-        const float spa = __shfl_sync(0xffffffff, sp[gi], ql,     WARP_SIZE);
-        const float spb = __shfl_sync(0xffffffff, sp[gi], ql + 4, WARP_SIZE);
 #pragma unroll
         for (int mt = 0; mt < NTV; ++mt) {
 #pragma unroll
@@ -519,7 +516,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 }
                 const int d = (G == 128 ? 4*g : 4*(g % 4)) + jv(mt) + (G/4)*(sv(mt) + k/2);
                 if (!PK || qq < 2) {
-                    sh_acc[w][2*(PK ? qq % 2 : qq) + k%2][gi*G + d] = 4.0f*(a - (k % 2 ? spb : spa)) + (k % 2 ? amb : ama);
+                    sh_acc[w][2*(PK ? qq % 2 : qq) + k%2][gi*G + d] = a*OSCAR_CODE_UNSCALE + (k % 2 ? amb : ama);
                 }
             }
         }
