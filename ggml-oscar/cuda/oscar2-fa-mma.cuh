@@ -281,18 +281,23 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const char * Vc = Vh + 4 + 4*vword;
     const int rlast = r1 - 1; // rows past the end read this row (in range) and are masked
 
-    // one step's code words, loaded a step ahead. Own row i (0..7) is rb + 8(i/2) + 2qq + i%2.
-    // The headers and the mask are loaded at the start of the step that uses them: the code
-    // loads have brought the headers' lines into L1, and the K product hides their latency.
+    // one step's code words, headers and mask, loaded a step ahead. Own row i (0..7) is
+    // rb + 8(i/2) + 2qq + i%2. (The headers and the mask were loaded at the start of the step
+    // that used them, for fewer registers: test-backend-ops perf, one 8B layer on the H100, took
+    // 55.1 us at 131072 rows this way against 60.9 that way, and 26.4 against 26.3-26.7 at 32768.
+    // The one variant that now spills, 168 bytes: D = 128 with oscar2_64 and 8 queries a block.)
     struct step {
         uint32_t kw[4][NG][NW]; // K codes: tile t, row rb + 8t + g
         uint32_t vw[8][NG];     // V codes of own rows
+        half2 kdm[NO][NG], vdm[NO][NG]; // the (d, m) headers of the scored rows
+        half mk[NO];                    // their mask entries (0 without a mask)
     };
     // the int8 codes of K register li of a lane (see k_elem)
     auto kcodes = [&](const uint32_t * kw, int li) { return (int) ((kw[li % NW] >> (2*(li / NW))) & 0x03030303u); };
     // fragment row i (0..7) of the V product's A: rb + 8(i/2) + 2qq + i%2; own row i (scores) is
     // fragment row 4u + i
     auto frag_row = [&](int rb, int i) { return min(rb + 8*(i/2) + 2*qq + i%2, rlast); };
+    const half * mask_q = mask && sok ? mask + stok*p.mask_nb1 : nullptr;
     auto load_step = [&](step & st, const int rb) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
@@ -313,8 +318,19 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
                 st.vw[i][gi] = __ldg((const unsigned int *) (vr + gi*BY));
             }
         }
+#pragma unroll
+        for (int i = 0; i < NO; ++i) {
+            const int r = frag_row(rb, 4*u + i);
+            st.mk[i] = mask_q ? mask_q[(uint32_t) r] : __float2half(0.0f);
+            const char * kr = row_ptr(Kh, r, nbk1);
+            const char * vr = row_ptr(Vh, r, nbv1);
+#pragma unroll
+            for (int gi = 0; gi < NG; ++gi) {
+                st.kdm[i][gi] = __ldg((const half2 *) (kr + gi*BY));
+                st.vdm[i][gi] = __ldg((const half2 *) (vr + gi*BY));
+            }
+        }
     };
-    const half * mask_q = mask && sok ? mask + stok*p.mask_nb1 : nullptr;
 
     constexpr int STEP = OSCAR_FA_WARPS*R;
     step cur, nxt;
@@ -326,21 +342,15 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         if (rb + STEP < r1) {
             load_step(nxt, rb + STEP);
         }
-        // the mask and the headers of the own rows, issued first
+        // the mask of the own rows (rows past the end: -inf)
         float mk[NO];
-        half2 kdm[NO][NG], vdm[NO][NG];
 #pragma unroll
         for (int i = 0; i < NO; ++i) {
             const int r = rb + 8*(2*u + i/2) + 2*qq + i%2;
-            mk[i] = (sok && r < r1) ? (mask_q ? __half2float(mask_q[(uint32_t) r]) : 0.0f) : -INFINITY;
-            const char * kr = row_ptr(Kh, frag_row(rb, 4*u + i), nbk1);
-            const char * vr = row_ptr(Vh, frag_row(rb, 4*u + i), nbv1);
-#pragma unroll
-            for (int gi = 0; gi < NG; ++gi) {
-                kdm[i][gi] = __ldg((const half2 *) (kr + gi*BY));
-                vdm[i][gi] = __ldg((const half2 *) (vr + gi*BY));
-            }
+            mk[i] = (sok && r < r1) ? __half2float(cur.mk[i]) : -INFINITY;
         }
+        const auto & kdm = cur.kdm;
+        const auto & vdm = cur.vdm;
         float sc[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) {
