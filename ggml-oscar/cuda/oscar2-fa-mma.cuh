@@ -14,8 +14,8 @@
 // in mantissa bits 8 and 9 with a zero exponent (a shift and a mask, no conversion), so the V
 // product is 2^-16 C, with no offset to take off.
 // Why not the code where it lies (bits 2s, 2s+1 of the low byte, c 4^s 2^-24: no shift): the
-// H100's tensor cores multiply such subnormals exactly one by one, but sum them with fewer
-// bits (they sit up to 8 bits below the smallest normal): 1.6e-4 of the largest output at 300
+// H100's tensor cores multiply such subnormals exactly one by one, but apparently sum them with
+// fewer bits (they sit up to 8 bits below the smallest normal): 1.6e-4 of the largest output at 300
 // rows (test_oscar2_ops), over the tests' 1e-4. And why not 1 + c/4 (bits 8 and 9 of 1.0, the
 // first version): C = 4 (acc - sum_r P'_r), and that subtraction amplified the f32 sum's
 // rounding to 6e-5 of the largest output at 32768 rows (numpy emulation). P' as one f16 part
