@@ -31,9 +31,10 @@ static constexpr __host__ __device__ int group_of(ggml_type t) {
 // blocks were scheduled only after the kernel before had ended, and the next kernel's only after
 // ours. Our decode kernels (rotate-store, attention, combine) are launched the same way, and each
 // of them follows one rule: before ggml_cuda_pdl_sync it reads only weights (rotation matrices),
-// and it writes nothing. Which of them let the next launch start early (ggml_cuda_pdl_lc) is
-// chosen per kernel: not the rotate-store (see there). Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
-// ends only after the one before it: a later kernel's wait covers all earlier ones.
+// and it writes nothing. Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
+// ends only after the one before it: a later kernel's wait covers all earlier ones. Which of
+// them let the next launch start early (ggml_cuda_pdl_lc) is chosen per kernel: the attention
+// and the combine do, the rotate-store does not (see there).
 // GGML_CUDA_PDL=0 turns it off for all kernels, GGML_CUDA_OSCAR_PDL for ours alone, as a mask of
 // the oscar_pdl bits (default all; 0: none), to time each apart.
 enum oscar_pdl : unsigned {
@@ -1052,8 +1053,9 @@ static void launch_combine(int D, const fa_params & p, const float * sinks, floa
     // with the un-rotation the D/32 blocks of a query are a cluster
     const unsigned cluster = un.U ? D/OSCAR_COMBINE_DIMS : 1;
     const bool early_next = oscar_pdl_on(OSCAR_PDL_AFTER_COMB);
-#define OSCAR_COMBINE_CASE(D_) case D_: launch_dependent(un.U ? k_fa_combine<D_, true> : k_fa_combine<D_, false>, OSCAR_PDL_COMBINE, grid, block, smem, stream, \
-        cluster, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un, early_next); break;
+#define OSCAR_COMBINE_CASE(D_) case D_: launch_dependent(un.U ? k_fa_combine<D_, true> : k_fa_combine<D_, false>, \
+        OSCAR_PDL_COMBINE, grid, block, smem, stream, cluster, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un, \
+        early_next); break;
     switch (D) {
         OSCAR_COMBINE_CASE(64)
         OSCAR_COMBINE_CASE(128)
@@ -1835,9 +1837,10 @@ static __global__ void k_rotate_store(const rot_jobs jobs) {
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
     // (no early ggml_cuda_pdl_lc here: the attention's blocks would become resident beside ours
-    // and wait, and on an SM that holds one of ours fewer of them fit; its grid is sized to fill
-    // every SM in one wave, so some went into a second: tg64 at 32768 fell from 231.64 to 223.84
-    // tok/s, H100, Llama-8B shape)
+    // and wait, and on an SM that holds one of ours fewer of them fit, while its grid is sized to
+    // fill every SM in one wave. Measured, weakly: tg32 at 131072, oscar2 against our kernels
+    // launched plainly, was 162.66 / 170.28 tok/s with this trigger and 170.91 / 166.01 without,
+    // H100, Llama-8B shape; between runs the spread is 3-5%)
     const int64_t t = blockIdx.y;
     const int b0 = (int) (jobs.j[0].E/S), b1 = b0 + (jobs.n > 1 ? (int) (jobs.j[1].E/S) : 0);
     const int b = blockIdx.x;
