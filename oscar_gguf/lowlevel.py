@@ -216,6 +216,20 @@ class Context:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return int(lc.llama_state_set_data(self.ptr, buf, len(data)))
 
+    def seq_state_get(self, seq: int) -> bytes:
+        """One sequence's state (llama_state_seq_get_data), as a server saves a slot."""
+        lc = _llama()
+        n = lc.llama_state_seq_get_size(self.ptr, seq)
+        buf = (ctypes.c_uint8 * n)()
+        got = lc.llama_state_seq_get_data(self.ptr, buf, n, seq)
+        return bytes(buf[:got])
+
+    def seq_state_set(self, data: bytes, seq: int) -> int:
+        """Restore a sequence's state into sequence seq; the bytes read, 0 when refused."""
+        lc = _llama()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(lc.llama_state_seq_set_data(self.ptr, buf, len(data), seq))
+
     def close(self):
         if self.ptr:
             _llama().llama_free(self.ptr)

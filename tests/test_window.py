@@ -247,6 +247,76 @@ def test_session_save_and_restore_continue_identically(model, tokens):
             assert c.state_set(state) == 0
 
 
+def test_sequence_state_restores_beside_another_sequence(model, tokens):
+    """A slot save (one sequence's state) taken while two sequences interleave their window slots,
+    restored into a context where the slots free for it are scattered among another sequence's.
+    The state's rows are written in slot order and copied by runs of consecutive slots, on both
+    sides; every row must still land on its cell, and the other sequence must stay untouched."""
+    win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
+
+    def interleave(c, a, b, n_batch):
+        # a and b = (seq, first token index): n_batch tokens each in one batch, then single
+        # tokens up to 38 each, alternating, so that their window slots alternate too
+        if n_batch:
+            c.decode_multi([(s, tokens[t0:t0 + n_batch], 0) for s, t0 in (a, b)])
+        for i in range(n_batch, 38):
+            for s, t0 in (a, b):
+                c.decode([tokens[t0 + i]], i, seq=s)
+
+    def cont(c, s, t0, n=4):
+        return [c.decode([tokens[t0 + 38 + i]], 38 + i, seq=s) for i in range(n)]
+
+    with Model(model) as m:
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            interleave(c, (0, 0), (1, 100), 30)  # the saved rows: slots in a few runs
+            state = c.seq_state_get(0)
+            first = cont(c, 0, 0)
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            interleave(c, (1, 100), (2, 200), 0)
+            assert c.seq_rm(2, -1, -1)  # its slots, every other one, are free for the restore
+            assert c.seq_state_set(state, 0) == len(state)
+            beside = cont(c, 1, 100, 1)
+            again = cont(c, 0, 0)
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            interleave(c, (1, 100), (2, 200), 0)
+            assert c.seq_rm(2, -1, -1)
+            alone = cont(c, 1, 100, 1)
+    # (not bit-exact: with other sequences' cells the attention reads more cells, all masked for
+    # this one, and the CPU kernel may then split its sums differently)
+    for a, b in zip(first, again):
+        assert rel(b, a) < 1e-4
+    assert rel(beside[0], alone[0]) < 1e-4  # the restore wrote none of seq 1's rows
+
+
+@pytest.mark.xfail(strict=True, reason="known, not yet found: after a sequence is restored beside another "
+                   "one at the same positions, the restored sequence's next tokens change the other's "
+                   "attention by about 1% from its second token on (CPU; the same before the copies by runs)")
+def test_restored_sequence_leaves_the_other_one_alone(model, tokens):
+    win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
+
+    def build(c, restore):
+        for i in range(38):
+            for s, t0 in ((1, 100), (2, 200)):
+                c.decode([tokens[t0 + i]], i, seq=s)
+        assert c.seq_rm(2, -1, -1)
+        if restore:
+            assert c.seq_state_set(restore, 0) == len(restore)
+            for i in range(4):
+                c.decode([tokens[38 + i]], 38 + i, seq=0)
+        return [c.decode([tokens[138 + i]], 38 + i, seq=1) for i in range(4)]
+
+    with Model(model) as m:
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            c.decode(tokens[:38], seq=0)
+            state = c.seq_state_get(0)
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            beside = build(c, state)
+        with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
+            alone = build(c, None)
+    for a, b in zip(alone, beside):
+        assert rel(b, a) < 1e-4
+
+
 def test_window_settings_are_checked(model):
     with Model(model) as m:
         with pytest.raises(LlamaError):
