@@ -50,7 +50,8 @@ static bool env_flag(const char * name, bool dflt) {
 }
 
 static bool oscar_pdl_on(const unsigned bit) {
-    static const unsigned mask = (unsigned) strtoul(getenv("GGML_CUDA_OSCAR_PDL") ? getenv("GGML_CUDA_OSCAR_PDL") : "15", nullptr, 0);
+    static const char * env = getenv("GGML_CUDA_OSCAR_PDL");
+    static const unsigned mask = env ? (unsigned) strtoul(env, nullptr, 0) : 15u;
     return env_flag("GGML_CUDA_PDL", true) && (mask & bit) != 0;
 }
 
@@ -2071,7 +2072,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
     }
     p.last_i = i;
     // GGML_CUDA_OSCAR_NO_FUSION=1: this fusion alone off (upstream's stay on), for A/B timing
-    static const bool off = getenv("GGML_CUDA_OSCAR_NO_FUSION") && atoi(getenv("GGML_CUDA_OSCAR_NO_FUSION"));
+    static const bool off = env_flag("GGML_CUDA_OSCAR_NO_FUSION", false);
     const ggml_tensor * rot = cgraph->nodes[i];
     if (off) {
         return;
@@ -2083,7 +2084,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
     const int end = std::min(cgraph->n_nodes, i + 1 + OSCAR_FUSE_SCAN);
     if (rot->op == GGML_OP_FLASH_ATTN_EXT) {
         // GGML_CUDA_OSCAR_NO_UNROT=1: the un-rotation in its own launch again, for A/B timing
-        static const bool no_unrot = getenv("GGML_CUDA_OSCAR_NO_UNROT") && atoi(getenv("GGML_CUDA_OSCAR_NO_UNROT"));
+        static const bool no_unrot = env_flag("GGML_CUDA_OSCAR_NO_UNROT", false);
         if (!no_unrot) {
             plan_unrot(cgraph, i, end, ggml_cuda_info().devices[ctx.device].cc);
         }
