@@ -130,36 +130,61 @@ static __device__ __forceinline__ float kth_smallest(const float a[4], const int
     constexpr int TEAM = G/4;
     static_assert(TEAM == 16 || TEAM == 32, "teams of half or all of a warp");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
-    // with two teams per warp each lane's count goes to the 16-bit half of its team (counts <= 64)
-    const int shift = TEAM == 16 ? 16*((threadIdx.x % WARP_SIZE) / 16) : 0;
+    // Two bits a step (bits 31 and 30 first; bit 31 is 0 in every value). A lane counts its values
+    // under the prefix whose digit is < 1, < 2, < 3, and all of them under the prefix, as the bytes
+    // of one word (0x01010101 << 8 digit adds 1 to exactly those), so one warp reduction gives
+    // the team's four counts (<= 128 each, a byte): with two teams per warp (G = 64) each team's
+    // word is two words of two counts in its 16-bit half (<= 64 each). A step ends the select
+    // early once the k-th value is the only one under the new prefix (every team of the warp):
+    // its bits are then the team's max over the values under that prefix. The three counts as
+    // three reductions and 16 steps every time were about 1000 instructions a warp, most of the
+    // rotate-store's 6 us a layer (ncu and CUPTI, H100, 2026-11-24).
     uint32_t u[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
         u[s] = __float_as_uint(a[s]);
     }
-    // two bits a step (bits 31 and 30 first; bit 31 is 0 in every value): the three counts of a
-    // step are independent reductions, so 16 steps wait for a reduction where one bit a step
-    // waited 31 times
+    const int shift = TEAM == 16 ? 16*((threadIdx.x % WARP_SIZE) / 16) : 0;
     uint32_t prefix = 0;
     int want = k;
-    auto team_count = [&](uint32_t c) { return (int) ((__reduce_add_sync(0xffffffff, c << shift) >> shift) & 0xffffu); };
 #pragma unroll 1
     for (int bit = 30; bit >= 0; bit -= 2) {
         const uint32_t above = bit == 30 ? 0u : ~((4u << bit) - 1u);
-        uint32_t c1 = 0, c2 = 0, c3 = 0; // values under the prefix whose digit is < 1, < 2, < 3
+        uint32_t c = 0; // bytes: digit < 1, < 2, < 3, any digit (values under the prefix)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            const bool     in = (u[s] & above) == prefix;
             const uint32_t dg = (u[s] >> bit) & 3u;
-            c1 += in && dg < 1u;
-            c2 += in && dg < 2u;
-            c3 += in && dg < 3u;
+            c += (u[s] & above) == prefix ? 0x01010101u << (8*dg) : 0u;
         }
-        const int n1 = team_count(c1), n2 = team_count(c2), n3 = team_count(c3);
+        int n1, n2, n3, nin;
+        if constexpr (TEAM == 32) {
+            const uint32_t t = __reduce_add_sync(0xffffffff, c);
+            n1 = t & 0xff; n2 = (t >> 8) & 0xff; n3 = (t >> 16) & 0xff; nin = t >> 24;
+        } else {
+            const uint32_t lo = __reduce_add_sync(0xffffffff, (c & 0x0000ffffu) << shift) >> shift;
+            const uint32_t hi = __reduce_add_sync(0xffffffff, (c >> 16) << shift) >> shift;
+            n1 = lo & 0xff; n2 = (lo >> 8) & 0xff; n3 = hi & 0xff; nin = (hi >> 8) & 0xff;
+        }
         // the k-th value's digit: the first count above want
         const uint32_t dg = want < n1 ? 0u : want < n2 ? 1u : want < n3 ? 2u : 3u;
-        want -= dg == 0u ? 0 : dg == 1u ? n1 : dg == 2u ? n2 : n3;
+        const int below = dg == 0u ? 0 : dg == 1u ? n1 : dg == 2u ? n2 : n3;
+        const int upto  = dg == 0u ? n1 : dg == 1u ? n2 : dg == 2u ? n3 : nin;
+        want -= below;
         prefix |= dg << bit;
+        if (bit > 0 && __all_sync(0xffffffff, upto - below == 1)) {
+            const uint32_t under = ~((1u << bit) - 1u);
+            uint32_t x = 0;
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                x = (u[s] & under) == prefix ? u[s] : x;
+            }
+#pragma unroll
+            for (int off = TEAM/2; off > 0; off >>= 1) {
+                x = max(x, __shfl_xor_sync(0xffffffff, x, off, TEAM));
+            }
+            prefix = x;
+            break;
+        }
     }
     GGML_UNUSED(b);
     return __uint_as_float(prefix);
@@ -399,6 +424,7 @@ static void oscar2_dequantize(const ggml_tensor * src0, const ggml_tensor * idx,
 // splits of all sources by their log-sum-exp, which is the same softmax as one pass.
 
 #define OSCAR_FA_WARPS 4
+#define OSCAR_WIN_LITE_ROWS 256 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk (fa_vec)
 
 template <int D, ggml_type T>
 static __device__ __forceinline__ void load_row(const char * __restrict__ row, float * __restrict__ out) {
@@ -905,7 +931,7 @@ struct fa_unrot {
 // blocks and slower at depth (branch experiment/unrotate-in-combine).
 template <int D, bool UNROT>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
-static __global__ void k_fa_combine(const float * __restrict__ part_acc, const float2 * __restrict__ part_ml,
+static __global__ void k_fa_combine(const float * part_acc, const float2 * part_ml,
         const float * __restrict__ sinks, float * __restrict__ dst, const int n_part, const int n_head, const fa_unrot un,
         const bool early_next) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
@@ -944,6 +970,23 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     // launched as a programmatic dependent of the attention (launch_combine): everything above
     // overlaps its last blocks; the partials are read only after it has finished
     ggml_cuda_pdl_sync();
+
+    // this thread's first NPR partials of its dim, loaded now with the (max, sum) pairs below:
+    // one round trip to memory instead of two (the weights need the max first).
+    // (part_acc and part_ml are not __restrict__: so qualified, their loads became non-coherent
+    // LDG.CONSTANT, which nvcc hoisted above the grid-dependency wait, and the combine read the
+    // attention's partials before they were written: test-backend-ops OSCAR_ROTATE_STORE failed
+    // 5 of 76 cases with programmatic launches on, H100)
+    constexpr int NPR = 8;
+    const int td = tid % TD, ps = tid / TD;
+    const int d  = blockIdx.y*TD + td;
+    const float * pa = part_acc + qi*n_part*D + d;
+    float xr[NPR];
+#pragma unroll
+    for (int i = 0; i < NPR; ++i) {
+        const int s = ps + i*PS;
+        xr[i] = s < n_part ? pa[(int64_t) s*D] : 0.0f;
+    }
 
     float Mx = -INFINITY;
     for (int s = tid; s < n_part; s += NT) {
@@ -985,12 +1028,17 @@ static __global__ void k_fa_combine(const float * __restrict__ part_acc, const f
     }
     const float inv = l > 0.0f ? 1.0f/l : 0.0f;
 
-    const int td = tid % TD, ps = tid / TD;
-    const int d  = blockIdx.y*TD + td;
-    const float * pa = part_acc + qi*n_part*D + d;
     float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NPR; ++i) {
+        const int s = ps + i*PS;
+        if (s < n_part) {
+            const float w = sh_w[s];
+            a += w != 0.0f ? w*xr[i] : 0.0f; // an empty partial's bytes stay out of the sum
+        }
+    }
 #pragma unroll 4
-    for (int s = ps; s < n_part; s += PS) {
+    for (int s = ps + NPR*PS; s < n_part; s += PS) {
         const float w = sh_w[s];
         const float x = pa[(int64_t) s*D];
         a += w != 0.0f ? w*x : 0.0f; // an empty partial's bytes stay out of the sum
@@ -1128,13 +1176,13 @@ static bool launch_partial_types(ggml_type kt, ggml_type vt, const fa_source & s
 // k_fa_int2_mma for (cache type, window type, D, queries per block); grid as in its header
 template <int D, ggml_type T, ggml_type WT>
 static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
-        int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
+        int ns_main, int rps_main, int ns_win, int rps_win, int rps_lite, int n_groups, cudaStream_t stream) {
     // the window's blocks are their own when there are more of them than cache splits
     const int main0 = ns_win > ns_main ? ns_win : 0;
     const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
 #define OSCAR_MMA_CASE(N_) case N_: launch_dependent(k_fa_int2_mma<D, T, WT, N_>, OSCAR_PDL_ATTENTION, grid, block, 0, stream, 1, \
-        src, win, p, main0, ns_main, rps_main, ns_win, rps_win); break;
+        src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); break;
     switch (nqb) {
         OSCAR_MMA_CASE(1)
         OSCAR_MMA_CASE(2)
@@ -1147,22 +1195,22 @@ static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & 
 
 template <int D, ggml_type T>
 static void launch_int2_mma_w(ggml_type wt, int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
-        int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
+        int ns_main, int rps_main, int ns_win, int rps_win, int rps_lite, int n_groups, cudaStream_t stream) {
     if (wt == GGML_TYPE_F16) {
-        launch_int2_mma_t<D, T, GGML_TYPE_F16>(nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma_t<D, T, GGML_TYPE_F16>(nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
     } else {
-        launch_int2_mma_t<D, T, GGML_TYPE_COUNT>(nqb, src, win, p, ns_main, rps_main, 0, 0, n_groups, stream);
+        launch_int2_mma_t<D, T, GGML_TYPE_COUNT>(nqb, src, win, p, ns_main, rps_main, 0, 0, rps_main, n_groups, stream);
     }
 }
 
 static void launch_int2_mma(ggml_type t, ggml_type wt, int D, int nqb, const fa_source & src, const fa_source & win,
-        const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win, int n_groups, cudaStream_t stream) {
+        const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win, int rps_lite, int n_groups, cudaStream_t stream) {
     if (D == 128 && t == GGML_TYPE_OSCAR2) {
-        launch_int2_mma_w<128, GGML_TYPE_OSCAR2>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma_w<128, GGML_TYPE_OSCAR2>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
     } else if (D == 128 && t == GGML_TYPE_OSCAR2_64) {
-        launch_int2_mma_w<128, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma_w<128, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
     } else if (D == 64 && t == GGML_TYPE_OSCAR2_64) {
-        launch_int2_mma_w<64, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma_w<64, GGML_TYPE_OSCAR2_64>(wt, nqb, src, win, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
     } else {
         GGML_ABORT("oscar2 attention: no mma kernel for D = %d", D);
     }
@@ -1228,37 +1276,39 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
-    int ns_main, rps_main, ns_win = 0, rps_win = 0;
+    int ns_main, rps_main, ns_win = 0, rps_win = 0, rps_lite = 0;
     // the window's type for the mma kernel: COUNT = no window; F32 = K and V differ (not taken)
-    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type ? Kw->type : GGML_TYPE_F32;
+    // (and F32 too when its K rows are not 16-byte aligned: fa_window_rows_f16 reads them as uint4)
+    auto aligned16 = [](const ggml_tensor * t) {
+        return (uintptr_t) t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
+    };
+    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type && aligned16(Kw) && aligned16(Vw) ? Kw->type : GGML_TYPE_F32;
     // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
     const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
     if (mma) {
         // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
-        // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma):
-        // chunks of 16 to 64 rows, as many as there are cache splits where the window allows.
-        // Most window rows are masked (the view spans every slot a prefill's ubatch used, 1024
-        // rows after a 512-token ubatch, of which sink + recent are live) and cost only their
-        // mask; at small depths, with fewer cache splits than window chunks, the window gets
-        // blocks of its own (launch_int2_mma_t).
-        // (Blocks of 16 rows for the whole window made 64 window partials per query at 32k, 57%
-        // of what the combine reads.)
+        // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma), or
+        // at small depths, with fewer cache splits than window chunks, the window's chunks are
+        // blocks of their own (launch_int2_mma_t). A chunk is one 32-row step of each warp
+        // (fa_window_rows_f16): its rows cost about what one step costs, so smaller chunks would
+        // only add partials. Most window rows are masked (the view spans every slot a prefill's
+        // ubatch used, 1024 rows after a 512-token ubatch, of which sink + recent are live) and
+        // cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         if (Kw) {
-            const int nw = (int) Kw->ne[1];
-            auto chunks = [&](int n) { // rows per chunk for n chunks: a multiple of 16, 16 to 64
-                return std::min(64, std::max(16, ((nw + n - 1)/n + 15)/16*16));
-            };
-            rps_win = chunks(ns_main);
-            ns_win  = (nw + rps_win - 1)/rps_win;
-            if (ns_win > ns_main) {
-                // the window's own blocks (small depths): as many as fit beside the cache's in one
-                // wave. A warp walks its window rows 4 at a time, each step a dependent chain of
-                // loads and warp sums: with chunks of 64 rows (4 steps) the attention took 10 us
-                // at depth 0, most of it the window (CUPTI trace, H100, Llama-8B shape)
-                rps_win = chunks(std::max(1, OSCAR_MMA_BLOCKS_PER_SM*n_sm/base - ns_main));
-                ns_win  = (nw + rps_win - 1)/rps_win;
-            }
+            rps_win = OSCAR_FA_WARPS*WARP_SIZE;
+            ns_win  = (int) ((Kw->ne[1] + rps_win - 1)/rps_win);
+        }
+        rps_lite = rps_main;
+        if (Kw && ns_win < ns_main) {
+            // the splits that take a window chunk first get OSCAR_WIN_LITE_ROWS fewer cache rows,
+            // and the others share them: a live chunk costs about two 128-row steps of the cache
+            // (perf: the attention of an 8B layer at 32k rows took 22.3 us with the window, 18.0
+            // without, over 5.2 steps of 128 rows a block), and every block ends together
+            const int n_rows = (int) K->ne[1];
+            rps_lite = std::max(0, rps_main - OSCAR_WIN_LITE_ROWS)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+            const int rest = std::max(0, n_rows - ns_win*rps_lite);
+            rps_main = ((rest + (ns_main - ns_win) - 1)/(ns_main - ns_win) + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
         }
     } else {
         split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
@@ -1287,7 +1337,7 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     p.part0 = 0;
     if (mma) {
-        launch_int2_mma(K->type, wt, D, nqb, sm, sw, p, ns_main, rps_main, ns_win, rps_win, n_groups, stream);
+        launch_int2_mma(K->type, wt, D, nqb, sm, sw, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
     }
     bool ok = mma;
     if (!mma) {

@@ -100,6 +100,159 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 }
 #define OSCAR_CODE_UNSCALE 65536.0f // 2^16: a V product over codes_f16x2 back to the codes' sum
 
+// The window's f16 rows [r0, r1) for k_fa_int2_mma's blocks, as partial number `part`. Lane l of
+// warp w takes row rb + l of each 32-row step (rb = r0 + 32 w, then + 128): it dots its whole K
+// row with every query (the queries in shared memory, read as broadcasts), so a score needs no
+// sum across lanes. The warp's max per query and the lanes' weights follow, then V is added row
+// by row, each lane owning D/32 head dims and taking a row's weights by shuffles; rows that no
+// query sees are skipped by ballot, so a masked step costs its mask alone.
+// Why: fa_partial_rows spreads a row over the lanes and sums each dot product across them, a
+// chain of shuffles per row and query, 4 rows at a time. There the window's chunks (32 rows; 320
+// of the 1024 rows live) took 7-8 us of the 25 us of an 8B layer's attention at 32k rows, and
+// 320 live rows in one block 73 us (test-backend-ops perf, H100, 2026-11-24: the window turned
+// off, or given blocks of its own, by experiment).
+template <int D, int NQ>
+static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src, const fa_params & p, const int r0, const int r1,
+        const int part) {
+    static_assert(D % 64 == 0, "dims 64k + 2 lane, + 1 per lane");
+    constexpr int NV = D/64; // half2 of V per lane and row
+    const int lane = threadIdx.x;
+    const int w    = threadIdx.y;
+    const int hkv  = blockIdx.x % p.n_head_kv;
+    const int s3   = blockIdx.x / p.n_head_kv;
+    const int NT   = NQ / p.gqa > 0 ? NQ / p.gqa : 1;
+    const int tok0 = blockIdx.z*NT;
+    const int nq   = min(NT, p.n_q - tok0)*p.gqa;
+
+    // queries j = tok*gqa + hh (head hkv*gqa + hh), pre-scaled; 0 past nq
+    __shared__ float sh_q[NQ][D];
+    for (int i = w*WARP_SIZE + lane; i < NQ*D; i += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int j = i / D, d = i % D;
+        float x = 0.0f;
+        if (j < nq) {
+            const float * qp = (const float *) (p.Q + (tok0 + j / p.gqa)*p.nbq1 + (hkv*p.gqa + j % p.gqa)*p.nbq2 + s3*p.nbq3);
+            x = qp[d]*p.scale;
+        }
+        sh_q[j][d] = x;
+    }
+    __syncthreads();
+
+    const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
+    const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
+    const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
+
+    // per query: the warp's running max (the same in every lane), this lane's share of the sum,
+    // and the lane's dims 64k + 2 lane (acc[j][2k]) and 64k + 2 lane + 1 (acc[j][2k + 1])
+    float M[NQ], L[NQ], acc[NQ][2*NV];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        M[j] = -INFINITY;
+        L[j] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 2*NV; ++e) {
+            acc[j][e] = 0.0f;
+        }
+    }
+
+    for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int r = rb + lane;
+        float mk[NQ];
+        bool live = false;
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            mk[j] = (j < nq && r < r1) ? (mask ? __half2float(mask[(tok0 + j / p.gqa)*p.mask_nb1 + r]) : 0.0f) : -INFINITY;
+            live = live || mk[j] != -INFINITY;
+        }
+        const uint32_t lm = __ballot_sync(0xffffffff, live);
+        if (lm == 0) {
+            continue; // rows nobody sees (retired or unused window cells, other sequences)
+        }
+        // V of the live rows first (lane: its dims of every row; 0 for a row nobody sees): all
+        // of the step's loads are in flight together, K's and V's
+        half2 v[WARP_SIZE][NV];
+#pragma unroll
+        for (int k = 0; k < WARP_SIZE; ++k) {
+            const half2 * vr = (const half2 *) (Vh + (int64_t) (rb + k)*src.nbv1) + lane;
+#pragma unroll
+            for (int kk = 0; kk < NV; ++kk) {
+                v[k][kk] = (lm >> k) & 1u ? vr[WARP_SIZE*kk] : __float2half2_rn(0.0f);
+            }
+        }
+        float sc[NQ];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            sc[j] = 0.0f;
+        }
+        if (live) {
+            const uint4 * kr = (const uint4 *) (Kh + (int64_t) r*src.nbk1);
+#pragma unroll
+            for (int c = 0; c < D/8; ++c) {
+                const uint4 kv = kr[c];
+                const float2 k0 = __half22float2(*(const half2 *) &kv.x), k1 = __half22float2(*(const half2 *) &kv.y);
+                const float2 k2 = __half22float2(*(const half2 *) &kv.z), k3 = __half22float2(*(const half2 *) &kv.w);
+#pragma unroll
+                for (int j = 0; j < NQ; ++j) {
+                    const float4 qa = *(const float4 *) &sh_q[j][8*c];
+                    const float4 qb = *(const float4 *) &sh_q[j][8*c + 4];
+                    sc[j] += qa.x*k0.x + qa.y*k0.y + qa.z*k1.x + qa.w*k1.y + qb.x*k2.x + qb.y*k2.y + qb.z*k3.x + qb.w*k3.y;
+                }
+            }
+        }
+        float pr[NQ];
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            float x = sc[j];
+            if (p.softcap != 0.0f) {
+                x = p.softcap*tanhf(x);
+            }
+            // a masked row may hold anything (free or retired window cells): -inf whatever x is
+            x = mk[j] == -INFINITY ? -INFINITY : x + mk[j];
+            const float Mn = fmaxf(M[j], warp_reduce_max(x));
+            const float cf = Mn == -INFINITY ? 1.0f : expf(M[j] - Mn);
+            pr[j] = x == -INFINITY ? 0.0f : expf(x - Mn);
+            L[j] = L[j]*cf + pr[j];
+#pragma unroll
+            for (int e = 0; e < 2*NV; ++e) {
+                acc[j][e] *= cf;
+            }
+            M[j] = Mn;
+        }
+        // (a row some query sees holds a real token's bytes: a weight of 0 adds 0)
+#pragma unroll
+        for (int k = 0; k < WARP_SIZE; ++k) {
+#pragma unroll
+            for (int j = 0; j < NQ; ++j) {
+                const float pk = __shfl_sync(0xffffffff, pr[j], k, WARP_SIZE);
+#pragma unroll
+                for (int kk = 0; kk < NV; ++kk) {
+                    const float2 vf = __half22float2(v[k][kk]);
+                    acc[j][2*kk]     += pk*vf.x;
+                    acc[j][2*kk + 1] += pk*vf.y;
+                }
+            }
+        }
+    }
+
+    // merge the warps
+    __shared__ float sh_ml[OSCAR_FA_WARPS][NQ][2];
+    __shared__ float sh_acc[OSCAR_FA_WARPS][NQ][D];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const float l = warp_reduce_sum(L[j]);
+        if (lane == 0) {
+            sh_ml[w][j][0] = M[j];
+            sh_ml[w][j][1] = l;
+        }
+#pragma unroll
+        for (int kk = 0; kk < NV; ++kk) {
+            sh_acc[w][j][64*kk + 2*lane]     = acc[j][2*kk];
+            sh_acc[w][j][64*kk + 2*lane + 1] = acc[j][2*kk + 1];
+        }
+    }
+    __syncthreads();
+    store_block_partial<D, NQ, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, part);
+}
+
 // Grid (n_head_kv*ne3, max(main0 + ns_main, ns_win), n_query_groups), 4 warps. Block y first runs
 // window chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
 // fa_partial_rows if y < ns_win, then cache split y - main0 (rows_per_split rows) if that is one
@@ -135,7 +288,7 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 template <int D, ggml_type T, ggml_type WT, int NQB>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
 static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int main0,
-        const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split) {
+        const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split, const int rows_lite) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
     // the combine after this launch may be scheduled now (it waits for this grid's end before it
     // reads anything): its blocks fit an SM only beside fewer than OSCAR_MMA_BLOCKS_PER_SM of
@@ -145,10 +298,11 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     // kernels before; every block waits, those that have no rows too
     ggml_cuda_pdl_sync();
     if constexpr (WT != GGML_TYPE_COUNT) {
+        static_assert(WT == GGML_TYPE_F16, "the window's rows: f16 (uses_int2_mma)");
         if ((int) blockIdx.y < ns_win) {
             // (its shared memory is its own: no barrier is needed before the cache's part)
             const int r0 = blockIdx.y*rows_per_win_split;
-            fa_partial_rows<D, WT, WT, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + blockIdx.y);
+            fa_window_rows_f16<D, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + blockIdx.y);
         }
     }
     const int split = (int) blockIdx.y - main0;
@@ -175,8 +329,10 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
     const int tok0  = blockIdx.z*NT;
     const int nq    = min(NT, p.n_q - tok0)*p.gqa;
-    const int r0    = split*rows_per_split;
-    const int r1    = min(src.n_rows, r0 + rows_per_split);
+    // the splits that also took a window chunk (main0 = 0: splits 0 .. ns_win-1) have rows_lite rows
+    const int n_lite = main0 == 0 ? min(ns_win, ns_main) : 0;
+    const int r0    = split < n_lite ? split*rows_lite : n_lite*rows_lite + (split - n_lite)*rows_per_split;
+    const int r1    = min(src.n_rows, r0 + (split < n_lite ? rows_lite : rows_per_split));
     const bool qok  = g < nq;      // the lane's A rows (query g) hold a query
     const int tok   = tok0 + g / p.gqa;
     const int head  = hkv*p.gqa + g % p.gqa;
@@ -538,7 +694,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     __syncthreads();
     store_block_partial<D, 8, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, split);
 #else
-    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(main0); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win);
+    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(main0); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win); GGML_UNUSED(rows_lite);
     GGML_UNUSED(rows_per_win_split);
     NO_DEVICE_CODE;
 #endif
