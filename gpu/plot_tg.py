@@ -45,10 +45,10 @@ def main() -> None:
     panels = {
         "Llama-3.1-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-llama3-8b"),
         "Qwen3-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-qwen3-8b"),
-        "Llama-3.1-8B, 2026-11-24 late (2 reps)":
-            quick_series(RESULTS / "2026-11-24-one-launch" / "quick-test-final-llama3-8b.txt"),
-        "Qwen3-8B, 2026-11-24 late (1 rep)":
-            quick_series(RESULTS / "2026-11-24-one-launch" / "quick-final-qwen3-8b-1rep.txt"),
+        "Llama-3.1-8B, 1054f79 (2 reps)":
+            quick_series(RESULTS / "2026-11-24-window-lanes" / "quick-llama3-8b.txt"),
+        "Qwen3-8B, 1054f79 (1 rep)":
+            quick_series(RESULTS / "2026-11-24-window-lanes" / "quick-qwen3-8b-1rep.txt"),
     }
     out = rate_vs_depth(panels, REPO / "docs" / "gpu-h100-tg.png",
                         "decode tokens/s against depth, H100, llama-bench -fa 1, random q4_0 weights")

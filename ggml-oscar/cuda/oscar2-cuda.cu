@@ -510,8 +510,8 @@ static __device__ __forceinline__ void store_block_partial(const float (&sh_ml)[
     }
 }
 
-// one block's partial over rows [r0, r1) of src, written as partial number `part`
-// (a device function: k_fa_int2_mma runs it for the window's blocks of its launch)
+// one block's partial over rows [r0, r1) of src, written as partial number `part` (k_fa_partial's
+// body; k_fa_int2_mma takes its f16 window rows with fa_window_rows_f16 instead)
 template <int D, ggml_type KT, ggml_type VT, int NQ>
 static __device__ __forceinline__ void fa_partial_rows(const fa_source & src, const fa_params & p, const int r0, const int r1, const int part) {
     constexpr int EPL = D/WARP_SIZE;

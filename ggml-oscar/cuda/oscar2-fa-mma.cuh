@@ -1,5 +1,5 @@
 // oscar2-fa-mma.cuh: the INT2 decode attention on int8 tensor cores (included by oscar2-cuda.cu,
-// after fa_source, fa_params and fa_partial_rows).
+// after fa_source, fa_params and store_block_partial).
 //
 // Why: k_fa_int2 spends about 50 warp instructions per cache row (D = 128, 4 queries) on CUDA
 // cores; at long context it runs far below the memory roofline. Here both products of a row go
@@ -27,7 +27,7 @@
 // No A row is wasted in the K product: it stacks the query's hi parts (rows 0..7) over its lo
 // parts (rows 8..15); the V product puts 16 head dims in A's rows. Details above the kernel.
 // The window's f16 rows, when there is a window, are chunks that the same launch's blocks take
-// before their INT2 rows (fa_partial_rows), so they cost no second launch.
+// before their INT2 rows (fa_window_rows_f16), so they cost no second launch.
 
 #define OSCAR_MMA_BLOCKS_PER_SM 3 // launch bounds (12 warps per SM; ncu: 8 left the kernel latency-bound); fa_vec sizes its splits by it
 #define OSCAR_MMA_ROWS 32         // rows per warp and step
@@ -255,8 +255,9 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
 
 // Grid (n_head_kv*ne3, max(main0 + ns_main, ns_win), n_query_groups), 4 warps. Block y first runs
 // window chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
-// fa_partial_rows if y < ns_win, then cache split y - main0 (rows_per_split rows) if that is one
-// of the ns_main. Partials: cache splits first, then the window's. Why the window shares the
+// fa_window_rows_f16 if y < ns_win, then cache split y - main0 if that is one of the ns_main:
+// rows_lite rows for the splits that took a window chunk (main0 = 0, y < ns_win), rows_per_split
+// for the others. Partials: cache splits first, then the window's. Why the window shares the
 // cache's blocks (main0 = 0) at depth: as blocks of their own (scheduled first) they pushed a
 // third of the cache's blocks into a second wave that started only when they were done (ncu at
 // 32k rows: 1.31 waves, SMs active 73% of the kernel's 31 us); a few window rows more in some
