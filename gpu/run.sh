@@ -12,7 +12,7 @@
 #                                 and oscar2 with the window or the rotations turned off at depth D
 #                                 (PROFILE_TYPES="f16 oscar2 oscar2:nofuse", NCU_DEPTHS, ABLATE=0, DETAIL=1)
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
-#                                 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
+#                                 0, 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
 #   bash gpu/run.sh trace         the real timeline (CUPTI) of the last decode calls, oscar2 against f16:
 #                                 wall, GPU busy and idle time, kernel time by name (TRACE_RUNS, TRACE_TYPES)
