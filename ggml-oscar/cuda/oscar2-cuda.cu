@@ -31,7 +31,11 @@ static constexpr __host__ __device__ int group_of(ggml_type t) {
 // blocks were scheduled only after the kernel before had ended, and the next kernel's only after
 // ours. Our decode kernels (rotate-store, attention, combine) are launched the same way, and each
 // of them follows one rule: before ggml_cuda_pdl_sync it reads only weights (rotation matrices),
-// and it writes nothing. Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
+// and it writes nothing. Part of the rule: what earlier kernels write is not read through a
+// `const __restrict__` pointer. nvcc makes such loads non-coherent (LDG.CONSTANT) and may hoist
+// them above the wait, whose memory clobber does not hold them (the combine's partials were, and
+// it read them unwritten, 2026-11-24). The attention's explicit __ldg loads of the cache come
+// after the wait in its SASS (sm_90, nvcc 13): check there after changing it. Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
 // ends only after the one before it: a later kernel's wait covers all earlier ones. Which of
 // them let the next launch start early (ggml_cuda_pdl_lc) is chosen per kernel: the attention
 // and the combine do, the rotate-store does not (see there).
@@ -972,11 +976,9 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
     ggml_cuda_pdl_sync();
 
     // this thread's first NPR partials of its dim, loaded now with the (max, sum) pairs below:
-    // one round trip to memory instead of two (the weights need the max first).
-    // (part_acc and part_ml are not __restrict__: so qualified, their loads became non-coherent
-    // LDG.CONSTANT, which nvcc hoisted above the grid-dependency wait, and the combine read the
-    // attention's partials before they were written: test-backend-ops OSCAR_ROTATE_STORE failed
-    // 5 of 76 cases with programmatic launches on, H100)
+    // one round trip to memory instead of two (the weights need the max first). (part_acc and
+    // part_ml are not __restrict__, by the rule above launch_dependent: so qualified, these loads
+    // went above the wait, and test-backend-ops OSCAR_ROTATE_STORE failed 5 of 76 cases, H100)
     constexpr int NPR = 8;
     const int td = tid % TD, ps = tid / TD;
     const int d  = blockIdx.y*TD + td;
