@@ -16,6 +16,8 @@
 #                                 then checks and times each entry after an incremental rebuild
 #   bash gpu/run.sh trace         the real timeline (CUPTI) of the last decode calls, oscar2 against f16:
 #                                 wall, GPU busy and idle time, kernel time by name (TRACE_RUNS, TRACE_TYPES)
+#   bash gpu/run.sh ab REFDIR     the working tree's kernels against REFDIR/ggml-oscar, end to end, alternating
+#                                 in one session (AB_RUNS, AB_ROUNDS, AB_REPS)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
 #                                 the FLASH_ATTN_EXT cases and the perf cases
 #
@@ -406,6 +408,48 @@ for r in csv.DictReader(sys.stdin):
     done
 }
 
+# ab REFDIR: the working tree's kernels against those of REFDIR/ggml-oscar (e.g. a commit's
+# ggml-oscar from `git archive`, carried), end to end on one machine in one session, because
+# runs on different machines or hours differ by 3-5%. Builds llama-bench, keeps its
+# libggml-cuda, rebuilds that library from REFDIR's sources, then runs AB_RUNS (";"-separated
+# llama-bench arguments, oscar2 KV) AB_ROUNDS times, alternating which build goes first, by
+# swapping the library in place. The tree is left with the working tree's sources.
+ab() {
+    local ref=${1:?ab: the carried directory holding the reference ggml-oscar}
+    local M lib dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar f
+    [ -d "$ref/ggml-oscar" ] || { log "ab: no $ref/ggml-oscar"; return 1; }
+    TARGETS=llama-bench build || return 1
+    pyenv
+    M=$(synth_model) || return 1
+    lib=$(cd "$B/bin" && ls libggml-cuda.so.*.* | head -1)
+    mkdir -p /tmp/ab && cp "$B/bin/$lib" /tmp/ab/new.so
+    (cd "$ref/ggml-oscar" && find . -type f) | while read -r f; do
+        cmp -s "$ref/ggml-oscar/$f" "$dst/$f" || cp "$ref/ggml-oscar/$f" "$dst/$f"
+    done
+    # (ninja itself: build() would copy the working tree's sources back first)
+    ninja -C "$B" llama-bench > "$OUT/build-ref.log" 2>&1 || { log "ab: the reference build failed"; tail -20 "$OUT/build-ref.log"; return 1; }
+    cp "$B/bin/$lib" /tmp/ab/ref.so
+    (cd ggml-oscar && find . -type f) | while read -r f; do cp "ggml-oscar/$f" "$dst/$f"; done
+    local runs r args which order
+    IFS=';' read -ra runs <<< "${AB_RUNS:--d 0,32768 -p 0 -n 64}"
+    for r in $(seq 1 "${AB_ROUNDS:-3}"); do
+        order="new ref"; [ $((r % 2)) = 0 ] && order="ref new"
+        for args in "${runs[@]}"; do
+            for which in $order; do
+                cp /tmp/ab/$which.so "$B/bin/$lib"
+                "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 $args -r ${AB_REPS:-2} -o csv 2> "$OUT/ab.err" \
+                    | python3 -c "
+import csv, sys
+for r in csv.DictReader(sys.stdin):
+    kind = 'pp' if int(r['n_prompt']) else 'tg'
+    print(f\"ab round $r $which {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
+" | while read -r line; do log "$line"; done
+            done
+        done
+    done
+    cp /tmp/ab/new.so "$B/bin/$lib"
+}
+
 # trace: the real timeline of the last decode calls (gpu/trace/kernel_trace.cpp, CUPTI; the
 # device has no nsys): wall, GPU busy and idle time per call, and kernel time by name, the first
 # of TRACE_TYPES against the last. TRACE_RUNS="ARGS|N;..." (N: the last N calls are summed):
@@ -501,6 +545,7 @@ case "${1:-all}" in
     quick) build && quick ;;
     perf)  build && perf ;;
     trace) build && trace ;;
+    ab)    ab "${2:-}" ;;
     prebuilt) prebuilt "${2:-}" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
