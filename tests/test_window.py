@@ -288,10 +288,15 @@ def test_sequence_state_restores_beside_another_sequence(model, tokens):
     assert rel(beside[0], alone[0]) < 1e-4  # the restore wrote none of seq 1's rows
 
 
-@pytest.mark.xfail(strict=True, reason="known, not yet found: after a sequence is restored beside another "
-                   "one at the same positions, the restored sequence's next tokens change the other's "
-                   "attention by about 1% from its second token on (CPU; the same before the copies by runs)")
 def test_restored_sequence_leaves_the_other_one_alone(model, tokens):
+    """A sequence restored beside another one (the same positions, in the holes a removed third
+    sequence left) and then decoded must leave the other's results exactly as the same sequence
+    decoded there from scratch does. The reference is that, not the other sequence alone: alone,
+    its new tokens land in other cells (the holes), and the order of the attention's sums over
+    the cells then moves its logits by 1.5-3% here, with a plain f16 cache as well (the CPU
+    kernel even accumulates f16 V in f16): a third sequence at far positions, which no query of it
+    sees, moves them just as much (checked 2026-11-24, sixth session). This was a strict xfail
+    for a cross-sequence effect that was the cell layout."""
     win = dict(oscar_sink=4, oscar_recent=16, **OSCAR)
 
     def build(c, restore):
@@ -301,8 +306,10 @@ def test_restored_sequence_leaves_the_other_one_alone(model, tokens):
         assert c.seq_rm(2, -1, -1)
         if restore:
             assert c.seq_state_set(restore, 0) == len(restore)
-            for i in range(4):
-                c.decode([tokens[38 + i]], 38 + i, seq=0)
+        else:
+            c.decode(tokens[:38], seq=0)  # the same tokens in the same cells, from scratch
+        for i in range(4):
+            c.decode([tokens[38 + i]], 38 + i, seq=0)
         return [c.decode([tokens[138 + i]], 38 + i, seq=1) for i in range(4)]
 
     with Model(model) as m:
@@ -312,9 +319,9 @@ def test_restored_sequence_leaves_the_other_one_alone(model, tokens):
         with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
             beside = build(c, state)
         with Context(m, n_ctx=768, n_seq_max=3, kv_unified=True, **win) as c:
-            alone = build(c, None)
-    for a, b in zip(alone, beside):
-        assert rel(b, a) < 1e-4
+            fresh = build(c, None)
+    for a, b in zip(fresh, beside):
+        assert rel(b, a) < 1e-6
 
 
 def test_window_settings_are_checked(model):
