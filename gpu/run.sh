@@ -387,6 +387,16 @@ variant_args() {
 # FLASH_ATTN_EXT CUDA vs CPU (the oscar cases of test-backend-ops), then f16 against oscar2:
 # tg64 at depths 0 and 32768, pp512 at 16384, and tg32 at 131072 last (the longest: a 131k prefill
 # per type), each line logged as soon as it is measured
+# log_bench PREFIX: llama-bench's CSV on stdin, one logged line a test: "PREFIX tg64 d32768: N tok/s"
+log_bench() {
+    python3 -c "
+import csv, sys
+for r in csv.DictReader(sys.stdin):
+    kind = 'pp' if int(r['n_prompt']) else 'tg'
+    print(f\"{sys.argv[1]} {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
+" "$1" | while read -r line; do log "$line"; done
+}
+
 quick() {
     local M
     pyenv
@@ -398,12 +408,7 @@ quick() {
     for args in "${runs[@]}"; do
         for T in ${QUICK_TYPES:-oscar2 f16}; do
             env $(variant_env $T) "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
-                | python3 -c "
-import csv, sys
-for r in csv.DictReader(sys.stdin):
-    kind = 'pp' if int(r['n_prompt']) else 'tg'
-    print(f\"quick $T {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
-" | while read -r line; do log "$line"; done
+                | log_bench "quick $T"
         done
     done
 }
@@ -438,12 +443,7 @@ ab() {
             for which in $order; do
                 cp /tmp/ab/$which.so "$B/bin/$lib"
                 "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 $args -r ${AB_REPS:-2} -o csv 2> "$OUT/ab.err" \
-                    | python3 -c "
-import csv, sys
-for r in csv.DictReader(sys.stdin):
-    kind = 'pp' if int(r['n_prompt']) else 'tg'
-    print(f\"ab round $r $which {kind}{int(r['n_prompt']) or int(r['n_gen'])} d{r['n_depth']}: {float(r['avg_ts']):.2f} tok/s\")
-" | while read -r line; do log "$line"; done
+                    | log_bench "ab round $r $which"
             done
         done
     done

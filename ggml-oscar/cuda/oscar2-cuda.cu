@@ -35,10 +35,11 @@ static constexpr __host__ __device__ int group_of(ggml_type t) {
 // `const __restrict__` pointer. nvcc makes such loads non-coherent (LDG.CONSTANT) and may hoist
 // them above the wait, whose memory clobber does not hold them (the combine's partials were, and
 // it read them unwritten, 2026-11-24). The attention's explicit __ldg loads of the cache come
-// after the wait in its SASS (sm_90, nvcc 13): check there after changing it. Every block runs ggml_cuda_pdl_sync, early exits included, so a kernel
-// ends only after the one before it: a later kernel's wait covers all earlier ones. Which of
-// them let the next launch start early (ggml_cuda_pdl_lc) is chosen per kernel: the attention
-// and the combine do, the rotate-store does not (see there).
+// after the wait in its SASS (sm_90, nvcc 13): check there after changing it. Every block runs
+// ggml_cuda_pdl_sync, early exits included, so a kernel ends only after the one before it: a
+// later kernel's wait covers all earlier ones. Which of them let the next launch start early
+// (ggml_cuda_pdl_lc) is chosen per kernel: the attention and the combine do, the rotate-store
+// does not (see there).
 // GGML_CUDA_PDL=0 turns it off for all kernels, GGML_CUDA_OSCAR_PDL for ours alone, as a mask of
 // the oscar_pdl bits (default all; 0: none), to time each apart.
 enum oscar_pdl : unsigned {
