@@ -16,6 +16,8 @@
 #                                 then checks and times each entry after an incremental rebuild
 #   bash gpu/run.sh trace         the real timeline (CUPTI) of the last decode calls, oscar2 against f16:
 #                                 wall, GPU busy and idle time, kernel time by name (TRACE_RUNS, TRACE_TYPES)
+#   bash gpu/run.sh timeline      per-block timeline of the decode kernels, cold (llama-bench) and warm
+#                                 (perf), with gpu/trace/decode-timeline.patch built in (TL_RUNS, TL_EVERY)
 #   bash gpu/run.sh ab REFDIR     the working tree's kernels against REFDIR/ggml-oscar, end to end, alternating
 #                                 in one session (AB_RUNS, AB_ROUNDS, AB_REPS)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
@@ -534,8 +536,42 @@ perf_once() {
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/perf_$1.log" | grep -E "^ *FLASH_ATTN_EXT" | sed 's/^ *//' | while read -r line; do log "perf $1: $line"; done
 }
 
+# timeline: the per-block timeline of the decode kernels (rotate-store, attention, combine): each
+# block's start and end, and its time between marks in the code (gpu/trace/decode-timeline.patch,
+# applied for the build and reverted after). Cold in llama-bench (graphs off, so that the host can
+# sync every TL_EVERY attention calls and print the last launch of each kernel; TL_RUNS=";"-separated
+# llama-bench arguments, oscar2 KV; the third print of each run also as one CSV line a block,
+# tl-blocks-N.csv), and warm in test-backend-ops perf. The marks, attention: 1 the grid wait, 2 the
+# window chunk, 3 the query's quantization (ptxas may hoist the first row loads above the mark),
+# 4 the cache rows, 5 the partial's store; combine: 1 U's loads, 2 the wait, 3 the weights, 4 the
+# sums, 5 the un-rotation; rotate-store: 1 A's loads, 2 the wait, 3 x, 4 the product, 5 the stores.
+timeline() {
+    local M args i=0
+    pyenv
+    M=$(synth_model) || return 1
+    IFS=';' read -ra runs <<< "${TL_RUNS:--d 0 -p 0 -n 64;-d 32768 -p 0 -n 64}"
+    for args in "${runs[@]}"; do
+        i=$((i + 1))
+        GGML_CUDA_DISABLE_GRAPHS=1 OSCAR_EXP_TIMELINE=${TL_EVERY:-301} OSCAR_EXP_TIMELINE_CSV=$OUT/tl-blocks-$i.csv \
+            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 \
+            $args -r 1 -o csv > "$OUT/tl-bench-$i.csv" 2> "$OUT/tl-bench-$i.err"
+        log "timeline llama-bench $args:"
+        grep -A3 "oscar timeline" "$OUT/tl-bench-$i.err" | tee -a "$OUT/summary.txt"
+    done
+    local pat
+    for pat in 'kv=256,n_hp=256,.*live=' 'kv=32768,.*live=' 'kv=131072,.*live='; do
+        i=$((i + 1))
+        GGML_CUDA_DISABLE_GRAPHS=1 OSCAR_EXP_TIMELINE=${TL_EVERY:-301} "$B/bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p "$pat" \
+            > "$OUT/tl-perf-$i.txt" 2>&1
+        log "timeline test-backend-ops perf (warm) $pat:"
+        grep -E "oscar timeline|^  (attention|combine)|us/run" "$OUT/tl-perf-$i.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -7 | tee -a "$OUT/summary.txt"
+    done
+}
+
 GPU_MODEL=${GPU_MODEL:-/tmp/oscar-full.gguf}
 case "${1:-all}" in
+    timeline) apply_patch gpu/trace/decode-timeline.patch && { TARGETS="llama-bench test-backend-ops" build && timeline;
+              apply_patch gpu/trace/decode-timeline.patch -R; } ;;
     build) build ;;
     assemble) assemble ;;
     multi) build && assemble && multi ;;

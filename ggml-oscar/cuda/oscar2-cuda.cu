@@ -429,7 +429,7 @@ static void oscar2_dequantize(const ggml_tensor * src0, const ggml_tensor * idx,
 // splits of all sources by their log-sum-exp, which is the same softmax as one pass.
 
 #define OSCAR_FA_WARPS 4
-#define OSCAR_WIN_LITE_ROWS 256 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk (fa_vec)
+#define OSCAR_WIN_LITE_ROWS 512 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk (fa_vec)
 
 template <int D, ggml_type T>
 static __device__ __forceinline__ void load_row(const char * __restrict__ row, float * __restrict__ out) {
@@ -1305,9 +1305,12 @@ static void fa_vec(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         rps_lite = rps_main;
         if (Kw && ns_win < ns_main) {
             // the splits that take a window chunk first get OSCAR_WIN_LITE_ROWS fewer cache rows,
-            // and the others share them: a live chunk costs about two 128-row steps of the cache
-            // (perf: the attention of an 8B layer at 32k rows took 22.3 us with the window, 18.0
-            // without, over 5.2 steps of 128 rows a block), and every block ends together
+            // and the others share them, so that every block ends together. A live chunk costs
+            // about four 128-row steps of the cache in the model's decode, where its rows and code
+            // come cold: with 256 rows (two steps, as test-backend-ops perf suggested, whose loop
+            // runs warm) the chunk's blocks were the last to end, 4 us after the median block
+            // (per-block timeline, gpu/run.sh timeline), and tg64 at 32768 rows ran 247.7 tok/s
+            // against 251.7-252.1 with 512 or 640 (H200, Llama-8B shape, 2026-11-24)
             const int n_rows = (int) K->ne[1];
             rps_lite = std::max(0, rps_main - OSCAR_WIN_LITE_ROWS)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
             const int rest = std::max(0, n_rows - ns_win*rps_lite);
@@ -1864,7 +1867,7 @@ static __device__ __forceinline__ void rotate_store_block(const rot_job & J, con
     }
     __syncthreads();
     const float acc = sy[i];
-#pragma unroll
+#pragma unroll 1
     for (int j = 0; j < OSCAR_FUSED_STORES; ++j) {
         if (j >= J.st.n) {
             break;
@@ -1884,27 +1887,30 @@ static __device__ __forceinline__ void rotate_store_block(const rot_job & J, con
 }
 
 // Grid (sum of E/S over the jobs, tokens): the first E_0/S blocks take job 0, the next job 1, ...
-// (each job by a constant index: a run-time index into the parameters copied them to local memory)
+// The job is indexed at run time in the parameters themselves (__grid_constant__: no copy to
+// local memory), so the block's code is there once, not once per job: with a constant index
+// per job and both stores unrolled the kernel was 7224 SASS instructions (113 KB, sm_90, D =
+// 128), and in the model's decode, where its code comes cold, k's blocks ended 6.7 us after the
+// start, v's 3.4 and q's (no stores) 1.5 (per-block timeline, H200, Llama-8B shape, 2026-11-24).
+// Now 1544 instructions (24 KB): the last block ends at 3.7-4.0 us, and the attention's first
+// starts about 3 us earlier.
 template <int D, int S>
-static __global__ void k_rotate_store(const rot_jobs jobs) {
+static __global__ void k_rotate_store(const __grid_constant__ rot_jobs jobs) {
     static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
     // (no early ggml_cuda_pdl_lc here: the attention's blocks would become resident beside ours
     // and wait, and on an SM that holds one of ours fewer of them fit, while its grid is sized to
-    // fill every SM in one wave. Measured, weakly: tg32 at 131072, oscar2 against our kernels
-    // launched plainly, was 162.66 / 170.28 tok/s with this trigger and 170.91 / 166.01 without,
-    // H100, Llama-8B shape; between runs the spread is 3-5%)
+    // fill every SM in one wave. Measured twice, neither time a gain: tg32 at 131072 was 162.66 /
+    // 170.28 tok/s with this trigger and 170.91 / 166.01 without (H100); tg64 at 32768, four
+    // rounds alternating in one session, 250.9 with and 252.6 without (H200, 2026-11-24), though
+    // the per-block timeline shows the attention's first block 1.3 us after our last one ends.
+    // Llama-8B shape; between runs the spread is 3-5%)
     const int64_t t = blockIdx.y;
     const int b0 = (int) (jobs.j[0].E/S), b1 = b0 + (jobs.n > 1 ? (int) (jobs.j[1].E/S) : 0);
     const int b = blockIdx.x;
-    if (b < b0) {
-        rotate_store_block<D, S>(jobs.j[0], (int64_t) b*S, t, sx4, sy);
-    } else if (b < b1) {
-        rotate_store_block<D, S>(jobs.j[1], (int64_t) (b - b0)*S, t, sx4, sy);
-    } else {
-        rotate_store_block<D, S>(jobs.j[2], (int64_t) (b - b1)*S, t, sx4, sy);
-    }
+    const int jb = b < b0 ? 0 : b < b1 ? 1 : 2;
+    rotate_store_block<D, S>(jobs.j[jb], (int64_t) (b - (jb == 0 ? 0 : jb == 1 ? b0 : b1))*S, t, sx4, sy);
 }
 
 // the plan: the rotations one launch does, each with the set_rows nodes it does (jobs[0] is the
