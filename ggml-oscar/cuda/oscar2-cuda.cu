@@ -1887,15 +1887,24 @@ static __device__ __forceinline__ void rotate_store_block(const rot_job & J, con
 }
 
 // Grid (sum of E/S over the jobs, tokens): the first E_0/S blocks take job 0, the next job 1, ...
-// The job is indexed at run time in the parameters themselves (__grid_constant__: no copy to
+// The job is indexed at run time in the parameters themselves (OSCAR_GRID_CONSTANT: no copy to
 // local memory), so the block's code is there once, not once per job: with a constant index
 // per job and both stores unrolled the kernel was 7224 SASS instructions (113 KB, sm_90, D =
 // 128), and in the model's decode, where its code comes cold, k's blocks ended 6.7 us after the
 // start, v's 3.4 and q's (no stores) 1.5 (per-block timeline, H200, Llama-8B shape, 2026-11-24).
 // Now 1544 instructions (24 KB): the last block ends at 3.7-4.0 us, and the attention's first
 // starts about 3 us earlier.
+// (__grid_constant__ needs CUDA 11.7 and compute_70: nvcc rejects it in a pass for an older
+// arch, which a CUDA 12 build for Pascal has; there the run-time index copies the jobs to local
+// memory, correct and slower)
+#if !defined(GGML_USE_HIP) && defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 11 || (__CUDACC_VER_MAJOR__ == 11 && __CUDACC_VER_MINOR__ >= 7)) && \
+    (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
+#define OSCAR_GRID_CONSTANT __grid_constant__
+#else
+#define OSCAR_GRID_CONSTANT
+#endif
 template <int D, int S>
-static __global__ void k_rotate_store(const __grid_constant__ rot_jobs jobs) {
+static __global__ void k_rotate_store(const OSCAR_GRID_CONSTANT rot_jobs jobs) {
     static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
     __shared__ float4 sx4[S/4];
     __shared__ float  sy[S];
