@@ -546,25 +546,27 @@ perf_once() {
 # 4 the cache rows, 5 the partial's store; combine: 1 U's loads, 2 the wait, 3 the weights, 4 the
 # sums, 5 the un-rotation; rotate-store: 1 A's loads, 2 the wait, 3 x, 4 the product, 5 the stores.
 timeline() {
-    local M args i=0
+    local M args i=0 raw=/tmp/oscar-timeline
     pyenv
     M=$(synth_model) || return 1
+    # (llama-bench's and test-backend-ops' own output stays in $raw: a call brings back 8 files)
+    mkdir -p $raw
     IFS=';' read -ra runs <<< "${TL_RUNS:--d 0 -p 0 -n 64;-d 32768 -p 0 -n 64}"
     for args in "${runs[@]}"; do
         i=$((i + 1))
         GGML_CUDA_DISABLE_GRAPHS=1 OSCAR_EXP_TIMELINE=${TL_EVERY:-301} OSCAR_EXP_TIMELINE_CSV=$OUT/tl-blocks-$i.csv \
             "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 \
-            $args -r 1 -o csv > "$OUT/tl-bench-$i.csv" 2> "$OUT/tl-bench-$i.err"
+            $args -r 1 -o csv > "$raw/tl-bench-$i.csv" 2> "$raw/tl-bench-$i.err"
         log "timeline llama-bench $args:"
-        grep -A3 "oscar timeline" "$OUT/tl-bench-$i.err" | tee -a "$OUT/summary.txt"
+        grep -A3 "oscar timeline" "$raw/tl-bench-$i.err" | tee -a "$OUT/summary.txt"
     done
     local pat
     for pat in 'kv=256,n_hp=256,.*live=' 'kv=32768,.*live=' 'kv=131072,.*live='; do
         i=$((i + 1))
         GGML_CUDA_DISABLE_GRAPHS=1 OSCAR_EXP_TIMELINE=${TL_EVERY:-301} "$B/bin/test-backend-ops" perf -b CUDA0 -o FLASH_ATTN_EXT -p "$pat" \
-            > "$OUT/tl-perf-$i.txt" 2>&1
+            > "$raw/tl-perf-$i.txt" 2>&1
         log "timeline test-backend-ops perf (warm) $pat:"
-        grep -E "oscar timeline|^  (attention|combine)|us/run" "$OUT/tl-perf-$i.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -7 | tee -a "$OUT/summary.txt"
+        grep -E "oscar timeline|^  (attention|combine)|us/run" "$raw/tl-perf-$i.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -7 | tee -a "$OUT/summary.txt"
     done
 }
 
