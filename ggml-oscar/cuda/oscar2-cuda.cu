@@ -12,12 +12,11 @@
 #include "../../ggml-cuda/fattn-common.cuh" // FATTN_KQ_STRIDE
 #include "../oscar2.h"
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 static constexpr __host__ __device__ int group_of(ggml_type t) {
@@ -61,25 +60,17 @@ static bool oscar_pdl_on(const unsigned bit) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent where the build, the
-// kernel's code and the environment (oscar_pdl bit) allow it, and as a cluster of cluster_y blocks
-// along y if > 1
+// kernel's code and the environment (oscar_pdl bit) allow it
 template <typename... KArgs, typename... Args>
 static void launch_dependent(void (*kernel)(KArgs...), unsigned bit, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-        unsigned cluster_y, Args &&... args) {
-    cudaLaunchAttribute attr[2] = {};
+        Args &&... args) {
+    cudaLaunchAttribute attr[1] = {};
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    if (cluster_y > 1) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[cfg.numAttrs].val.clusterDim.x = 1;
-        attr[cfg.numAttrs].val.clusterDim.y = cluster_y;
-        attr[cfg.numAttrs].val.clusterDim.z = 1;
-        cfg.numAttrs++;
-    }
 #if defined(GGML_CUDA_USE_PDL)
     // (a kernel built from pre-Hopper code has no wait in it: upstream's check of its PTX version)
     if (oscar_pdl_on(bit) && ggml_cuda_kernel_can_use_pdl((const void *) kernel)) {
@@ -927,13 +918,18 @@ struct fa_unrot {
     float *       y = nullptr; // [D, queries], as the attention output
 };
 
-// Grid (queries, D/OSCAR_COMBINE_DIMS): block y forms dims 32y..32y+31 of query blockIdx.x. UNROT
-// (sm_90): the D/32 blocks of a query are one thread-block cluster: each block puts its 32 dims
-// into shared memory, reads the whole o from the cluster's blocks (distributed shared memory)
-// and forms rows 32y..32y+31 of U o. Why: as a launch of its own (k_rotate_cols) the un-rotation
-// cost 3.4 us a layer at decode, mostly fixed cost (CUPTI trace, H100, Llama-8B shape); giving
-// each query one block instead, to have all of o in one place, made the combine 4 times fewer
-// blocks and slower at depth (branch experiment/unrotate-in-combine).
+// Grid (queries, D/OSCAR_COMBINE_DIMS): block y forms dims 32y..32y+31 of query blockIdx.x.
+// UNROT: block y sums all D dims of o (each of the query's D/32 blocks the same), and forms rows
+// 32y..32y+31 of U o and dims 32y..32y+31 of o. Why all of o in every block: with 32 dims per
+// block, the D/32 blocks of a query were a thread-block cluster that exchanged their dims through
+// distributed shared memory, and its two cluster barriers (each arrival a MEMBAR.ALL.GPU in the
+// SASS) made the un-rotation 1.9-5.0 us after the sums (per-block timeline, H100, 2026-11-24, 32k
+// rows): every block waited for the slowest of its cluster. Each block now reads D/32 times the
+// partials (from L2: the attention has just written them), in float4, as many loads a thread as
+// before. Why fused at all: as a launch of its own (k_rotate_cols) the un-rotation cost 3.4 us a
+// layer at decode, mostly fixed cost (CUPTI trace, H100, Llama-8B shape); one block per query,
+// to have all of o in one place, made the combine 4 times fewer blocks and slower at depth
+// (branch experiment/unrotate-in-combine).
 template <int D, bool UNROT>
 __launch_bounds__(OSCAR_COMBINE_THREADS)
 static __global__ void k_fa_combine(const float * part_acc, const float2 * part_ml,
@@ -941,12 +937,15 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
         const bool early_next) {
     constexpr int NT = OSCAR_COMBINE_THREADS;
     constexpr int NW = NT/WARP_SIZE;
-    constexpr int TD = OSCAR_COMBINE_DIMS; // threads along the head dims
-    constexpr int PS = NT/TD;              // slices of the partials
-    static_assert(D % TD == 0, "head dims per block");
+    constexpr int TD = OSCAR_COMBINE_DIMS;   // the block's dims (of o, and with UNROT rows of U)
+    constexpr int VW = UNROT ? 4 : 1;        // dims a thread sums: a float4 of all D, or one of the block's
+    constexpr int CD = UNROT ? D/4 : TD;     // threads along the dims
+    constexpr int PS = NT/CD;                // slices of the partials
+    static_assert(D % TD == 0 && NT % CD == 0, "head dims per block");
+    typedef typename std::conditional<UNROT, float4, float>::type vec_t;
     extern __shared__ float sh_w[];       // [n_part]: e^(M_s - M), 0 for an empty partial
     __shared__ float sh_red[NW];
-    __shared__ float sh_acc[PS][TD];
+    __shared__ vec_t sh_acc[PS][CD];
     const int tid  = threadIdx.x;
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int64_t qi = blockIdx.x;
@@ -962,7 +961,6 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
     constexpr int UL = UNROT ? TD*D/4/NT : 1; // float4 of U per thread
     __shared__ float sh_u[UNROT ? TD*UP : 1];
     __shared__ float sh_o[UNROT ? D : 1];  // the whole combined o of the query
-    __shared__ float sh_mine[UNROT ? TD : 1];
     float4 ur[UL];
     if constexpr (UNROT) {
         static_assert(TD*D/4 % NT == 0, "U in whole float4 per thread");
@@ -976,19 +974,21 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
     // overlaps its last blocks; the partials are read only after it has finished
     ggml_cuda_pdl_sync();
 
-    // this thread's first NPR partials of its dim, loaded now with the (max, sum) pairs below:
+    // this thread's first NPR partials of its dims, loaded now with the (max, sum) pairs below:
     // one round trip to memory instead of two (the weights need the max first). (part_acc and
     // part_ml are not __restrict__, by the rule above launch_dependent: so qualified, these loads
     // went above the wait, and test-backend-ops OSCAR_ROTATE_STORE failed 5 of 76 cases, H100)
     constexpr int NPR = 8;
-    const int td = tid % TD, ps = tid / TD;
-    const int d  = blockIdx.y*TD + td;
-    const float * pa = part_acc + qi*n_part*D + d;
-    float xr[NPR];
+    const int td = tid % CD, ps = tid / CD;
+    const int d  = UNROT ? VW*td : blockIdx.y*TD + td; // the thread's (first) dim
+    const vec_t * pa = (const vec_t *) (part_acc + qi*n_part*D + d);
+    constexpr int VS = D/VW; // a partial's stride in vec_t
+    auto zero = []() { return vec_t{}; };
+    vec_t xr[NPR];
 #pragma unroll
     for (int i = 0; i < NPR; ++i) {
         const int s = ps + i*PS;
-        xr[i] = s < n_part ? pa[(int64_t) s*D] : 0.0f;
+        xr[i] = s < n_part ? pa[(int64_t) s*VS] : zero();
     }
 
     float Mx = -INFINITY;
@@ -1031,34 +1031,28 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
     }
     const float inv = l > 0.0f ? 1.0f/l : 0.0f;
 
-    float a = 0.0f;
+    // a += w x, component by component; an empty partial's bytes stay out of the sum
+    auto add = [](vec_t & a, const float w, const vec_t & x) {
+        const float * xf = (const float *) &x;
+        float * af = (float *) &a;
+#pragma unroll
+        for (int c = 0; c < VW; ++c) {
+            af[c] += w != 0.0f ? w*xf[c] : 0.0f;
+        }
+    };
+    vec_t a = zero();
 #pragma unroll
     for (int i = 0; i < NPR; ++i) {
         const int s = ps + i*PS;
         if (s < n_part) {
-            const float w = sh_w[s];
-            a += w != 0.0f ? w*xr[i] : 0.0f; // an empty partial's bytes stay out of the sum
+            add(a, sh_w[s], xr[i]);
         }
     }
 #pragma unroll 4
     for (int s = ps + NPR*PS; s < n_part; s += PS) {
-        const float w = sh_w[s];
-        const float x = pa[(int64_t) s*D];
-        a += w != 0.0f ? w*x : 0.0f; // an empty partial's bytes stay out of the sum
+        add(a, sh_w[s], pa[(int64_t) s*VS]);
     }
     sh_acc[ps][td] = a;
-    __syncthreads();
-    if (tid < TD) {
-        float x = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PS; ++i) {
-            x += sh_acc[i][tid];
-        }
-        dst[qi*D + d] = x*inv;
-        if constexpr (UNROT) {
-            sh_mine[tid] = x*inv;
-        }
-    }
     if constexpr (UNROT) {
 #pragma unroll
         for (int k = 0; k < UL; ++k) {
@@ -1066,14 +1060,30 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
             float * row = sh_u + (e / (D/4))*UP + 4*(e % (D/4));
             row[0] = ur[k].x; row[1] = ur[k].y; row[2] = ur[k].z; row[3] = ur[k].w;
         }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
-        namespace cg = cooperative_groups;
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync(); // every block's 32 dims are in its shared memory
-        if (tid < D) {
-            sh_o[tid] = cluster.map_shared_rank(sh_mine, tid / TD)[tid % TD];
+    }
+    __syncthreads();
+    // dim e of o: the sum over the slices, in slice order
+    auto o_dim = [&](const int e) {
+        float x = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PS; ++i) {
+            x += ((const float *) sh_acc[i])[e];
         }
-        cluster.sync(); // read everywhere (a block's shared memory must outlive the reads), sh_o complete
+        return x*inv;
+    };
+    if constexpr (!UNROT) {
+        if (tid < TD) {
+            dst[qi*D + d] = o_dim(tid);
+        }
+    } else {
+        for (int e = tid; e < D; e += NT) {
+            const float x = o_dim(e);
+            sh_o[e] = x;
+            if (e / TD == (int) blockIdx.y) {
+                dst[qi*D + e] = x;
+            }
+        }
+        __syncthreads(); // sh_o complete
         // row r = tid/8 of this block's rows, its 8 lanes split the D products
         constexpr int LPR = NT/TD;
         const int r = tid / LPR, part = tid % LPR;
@@ -1089,9 +1099,6 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
         if (part == 0) {
             un.y[qi*D + blockIdx.y*TD + r] = acc;
         }
-#else
-        NO_DEVICE_CODE;
-#endif
     }
 }
 
@@ -1101,12 +1108,10 @@ static void launch_combine(int D, const fa_params & p, const float * sinks, floa
     const size_t smem = (size_t) p.n_part*sizeof(float);
     const dim3 grid(n_queries, D/OSCAR_COMBINE_DIMS);
     const dim3 block(OSCAR_COMBINE_THREADS);
-    // its blocks may start as the attention's blocks end, load U, and wait (ggml_cuda_pdl_sync);
-    // with the un-rotation the D/32 blocks of a query are a cluster
-    const unsigned cluster = un.U ? D/OSCAR_COMBINE_DIMS : 1;
+    // its blocks may start as the attention's blocks end, load U, and wait (ggml_cuda_pdl_sync)
     const bool early_next = oscar_pdl_on(OSCAR_PDL_AFTER_COMB);
 #define OSCAR_COMBINE_CASE(D_) case D_: launch_dependent(un.U ? k_fa_combine<D_, true> : k_fa_combine<D_, false>, \
-        OSCAR_PDL_COMBINE, grid, block, smem, stream, cluster, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un, \
+        OSCAR_PDL_COMBINE, grid, block, smem, stream, p.part_acc, p.part_ml, sinks, dst, p.n_part, p.n_head, un, \
         early_next); break;
     switch (D) {
         OSCAR_COMBINE_CASE(64)
@@ -1184,7 +1189,7 @@ static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & 
     const int main0 = ns_win > ns_main ? ns_win : 0;
     const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
-#define OSCAR_MMA_CASE(N_) case N_: launch_dependent(k_fa_int2_mma<D, T, WT, N_>, OSCAR_PDL_ATTENTION, grid, block, 0, stream, 1, \
+#define OSCAR_MMA_CASE(N_) case N_: launch_dependent(k_fa_int2_mma<D, T, WT, N_>, OSCAR_PDL_ATTENTION, grid, block, 0, stream, \
         src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); break;
     switch (nqb) {
         OSCAR_MMA_CASE(1)
@@ -2086,7 +2091,8 @@ static int find_job(const ggml_cgraph * cgraph, int i, int end, int64_t T, int64
 
 // The output's un-rotation after attention node i (llama_oscar_unrotate_out: a tagged rotation of
 // the whole output, through views only), for the combine to do (k_fa_combine, UNROT): when the
-// attention is ours, the device has clusters (sm_90) and no node in between is in the way.
+// attention is ours, the device is sm_90 or newer and no node in between is in the way. (The
+// combine no longer uses clusters, so older archs could take it too; not yet run on one.)
 // Taken by fa_vec only (the split-KV decode); the f16 prefill path leaves it to its own node.
 static void plan_unrot(const ggml_cgraph * cgraph, int i, int end, int cc) {
     fuse_plan & p = g_fuse;
@@ -2209,9 +2215,9 @@ static void launch_rotate_store(const rot_jobs & jobs, int64_t T, int S, cudaStr
     }
     const dim3 grid((unsigned) blocks, (unsigned) T);
     if (S == D) {
-        launch_dependent(k_rotate_store<D, D>, OSCAR_PDL_ROTATE, grid, dim3(D), 0, stream, 1, jobs);
+        launch_dependent(k_rotate_store<D, D>, OSCAR_PDL_ROTATE, grid, dim3(D), 0, stream, jobs);
     } else if (S == 2*D && D <= 128) {
-        launch_dependent(k_rotate_store<D, (D <= 128 ? 2*D : D)>, OSCAR_PDL_ROTATE, grid, dim3(2*D), 0, stream, 1, jobs);
+        launch_dependent(k_rotate_store<D, (D <= 128 ? 2*D : D)>, OSCAR_PDL_ROTATE, grid, dim3(2*D), 0, stream, jobs);
     } else {
         GGML_ABORT("oscar2: no fused rotation of head size %d in blocks of %d values", D, S);
     }

@@ -31,6 +31,7 @@
 
 #define OSCAR_MMA_BLOCKS_PER_SM 3 // launch bounds (12 warps per SM; ncu: 8 left the kernel latency-bound); fa_vec sizes its splits by it
 #define OSCAR_MMA_ROWS 32         // rows per warp and step
+#define OSCAR_WIN_VG 8            // fa_window_rows_f16: V rows loaded and summed per group
 #define OSCAR_MMA_QMAX 32512      // the query: 15-bit integers, 127*256, so hi = (x + 128) >> 8 fits int8
 
 // which (K, V, head dim, queries per block, window type) take k_fa_int2_mma
@@ -124,22 +125,65 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     const int tok0 = blockIdx.z*NT;
     const int nq   = min(NT, p.n_q - tok0)*p.gqa;
 
-    // queries j = tok*gqa + hh (head hkv*gqa + hh), pre-scaled; 0 past nq
-    __shared__ float sh_q[NQ][D];
-    for (int i = w*WARP_SIZE + lane; i < NQ*D; i += OSCAR_FA_WARPS*WARP_SIZE) {
-        const int j = i / D, d = i % D;
-        float x = 0.0f;
-        if (j < nq) {
-            const float * qp = (const float *) (p.Q + (tok0 + j / p.gqa)*p.nbq1 + (hkv*p.gqa + j % p.gqa)*p.nbq2 + s3*p.nbq3);
-            x = qp[d]*p.scale;
+    // query j = tok*gqa + hh is head hkv*gqa + hh of token tok0 + jt[j], hh = jh[j]: counted up,
+    // not divided (a division by the run-time gqa is about 20 instructions, and the loops below
+    // took one per element and query)
+    int jt[NQ], jh[NQ];
+    {
+        int t = 0, h = 0;
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            jt[j] = t;
+            jh[j] = h;
+            if (++h == p.gqa) {
+                h = 0;
+                ++t;
+            }
         }
-        sh_q[j][d] = x;
     }
-    __syncthreads();
-
     const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
     const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
     const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
+    // some query sees row r of the chunk (r < r1): the mask row of each token (its first query)
+    auto row_live = [&](const int r) {
+        bool live = false;
+#pragma unroll
+        for (int j = 0; j < NQ; ++j) {
+            if (j < nq && jh[j] == 0) {
+                live = live || !mask || __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r]) != -INFINITY;
+            }
+        }
+        return live;
+    };
+    // The live rows' K and V into L2 first (each lane its row of each of the warp's steps): in
+    // the model the window's rows come from memory cold, and the step below loads K and V in
+    // chunks one ahead, so that each chunk would wait a full memory latency. (Whole rows:
+    // lines of 128 bytes, D/64 of them per row of f16.)
+    for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
+        const int r = rb + lane;
+        if (r < r1 && row_live(r)) {
+#pragma unroll
+            for (int c = 0; c < D*2; c += 128) {
+                asm volatile("prefetch.global.L2 [%0];" :: "l"(Kh + (int64_t) r*src.nbk1 + c));
+                asm volatile("prefetch.global.L2 [%0];" :: "l"(Vh + (int64_t) r*src.nbv1 + c));
+            }
+        }
+    }
+
+    // the queries, pre-scaled; 0 past nq
+    __shared__ float sh_q[NQ][D];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const float * qp = (const float *) (p.Q + (tok0 + jt[j])*p.nbq1 + (hkv*p.gqa + jh[j])*p.nbq2 + s3*p.nbq3);
+#pragma unroll
+        for (int d0 = 0; d0 < D; d0 += OSCAR_FA_WARPS*WARP_SIZE) {
+            const int d = d0 + w*WARP_SIZE + lane;
+            if (d < D) {
+                sh_q[j][d] = j < nq ? qp[d]*p.scale : 0.0f;
+            }
+        }
+    }
+    __syncthreads();
 
     // per query: the warp's running max (the same in every lane), this lane's share of the sum,
     // and the lane's dims 64k + 2 lane (acc[j][2k]) and 64k + 2 lane + 1 (acc[j][2k + 1])
@@ -160,44 +204,71 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
         bool live = false;
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
-            mk[j] = (j < nq && r < r1) ? (mask ? __half2float(mask[(tok0 + j / p.gqa)*p.mask_nb1 + r]) : 0.0f) : -INFINITY;
+            // (a query of the same token as the one before it has its mask entry)
+            mk[j] = (j < nq && r < r1) ? (mask ? (j > 0 && jh[j] != 0 ? mk[j > 0 ? j - 1 : 0] :
+                                                 __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r])) : 0.0f) : -INFINITY;
             live = live || mk[j] != -INFINITY;
         }
         const uint32_t lm = __ballot_sync(0xffffffff, live);
         if (lm == 0) {
             continue; // rows nobody sees (retired or unused window cells, other sequences)
         }
-        // V of the live rows first (lane: its dims of every row; 0 for a row nobody sees): all
-        // of the step's loads are in flight together, K's and V's
-        half2 v[WARP_SIZE][NV];
+        // V in groups of OSCAR_WIN_VG rows (lane: its dims of each row; 0 for a row nobody sees),
+        // the next group loaded while this one is summed, and K likewise in chunks. Why loops
+        // that are not unrolled: with all 32 rows' V and the whole K row in registers, the
+        // products were unrolled over every row, chunk and query, and the window part was
+        // about 3300 SASS instructions (52 KB of the attention's 91 KB, sm_90, D = 128, 4
+        // queries), run by one warp per step and, in the model, fetched cold each layer.
+        auto load_v = [&](half2 (&v)[OSCAR_WIN_VG][NV], const int k0, const uint32_t bits) {
 #pragma unroll
-        for (int k = 0; k < WARP_SIZE; ++k) {
-            const half2 * vr = (const half2 *) (Vh + (int64_t) (rb + k)*src.nbv1) + lane;
+            for (int k = 0; k < OSCAR_WIN_VG; ++k) {
+                const half2 * vr = (const half2 *) (Vh + (int64_t) (rb + k0 + k)*src.nbv1) + lane;
 #pragma unroll
-            for (int kk = 0; kk < NV; ++kk) {
-                v[k][kk] = (lm >> k) & 1u ? vr[WARP_SIZE*kk] : __float2half2_rn(0.0f);
+                for (int kk = 0; kk < NV; ++kk) {
+                    v[k][kk] = (bits >> k) & 1u ? vr[WARP_SIZE*kk] : __float2half2_rn(0.0f);
+                }
             }
-        }
+        };
+        half2 vc[OSCAR_WIN_VG][NV];
+        load_v(vc, 0, lm);
+        // the scores: the lane's K row in chunks of 4 x 16 bytes, the next chunk loaded while
+        // this one is dotted with every query (the first in flight with V's first group)
+        constexpr int KC = 4, NKC = D/8/KC;
+        const uint4 * kr = (const uint4 *) (Kh + (int64_t) r*src.nbk1);
+        auto load_k = [&](uint4 (&k)[KC], const int c0, const bool ok) {
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                k[c] = ok ? kr[c0 + c] : make_uint4(0u, 0u, 0u, 0u);
+            }
+        };
+        uint4 kc[KC];
+        load_k(kc, 0, live);
         float sc[NQ];
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
             sc[j] = 0.0f;
         }
-        if (live) {
-            const uint4 * kr = (const uint4 *) (Kh + (int64_t) r*src.nbk1);
+#pragma unroll 1
+        for (int c0 = 0; c0 < D/8; c0 += KC) {
+            uint4 kn[KC];
+            load_k(kn, c0 + KC, live && c0 + KC < D/8);
 #pragma unroll
-            for (int c = 0; c < D/8; ++c) {
-                const uint4 kv = kr[c];
-                const float2 k0 = __half22float2(*(const half2 *) &kv.x), k1 = __half22float2(*(const half2 *) &kv.y);
-                const float2 k2 = __half22float2(*(const half2 *) &kv.z), k3 = __half22float2(*(const half2 *) &kv.w);
+            for (int c = 0; c < KC; ++c) {
+                const float2 k0 = __half22float2(*(const half2 *) &kc[c].x), k1 = __half22float2(*(const half2 *) &kc[c].y);
+                const float2 k2 = __half22float2(*(const half2 *) &kc[c].z), k3 = __half22float2(*(const half2 *) &kc[c].w);
 #pragma unroll
                 for (int j = 0; j < NQ; ++j) {
-                    const float4 qa = *(const float4 *) &sh_q[j][8*c];
-                    const float4 qb = *(const float4 *) &sh_q[j][8*c + 4];
+                    const float4 qa = *(const float4 *) &sh_q[j][8*(c0 + c)];
+                    const float4 qb = *(const float4 *) &sh_q[j][8*(c0 + c) + 4];
                     sc[j] += qa.x*k0.x + qa.y*k0.y + qa.z*k1.x + qa.w*k1.y + qb.x*k2.x + qb.y*k2.y + qb.z*k3.x + qb.w*k3.y;
                 }
             }
+#pragma unroll
+            for (int c = 0; c < KC; ++c) {
+                kc[c] = kn[c];
+            }
         }
+        static_assert(NKC >= 1 && (D/8) % KC == 0, "K chunks");
         float pr[NQ];
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
@@ -218,16 +289,28 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
             M[j] = Mn;
         }
         // (a row some query sees holds a real token's bytes: a weight of 0 adds 0)
+#pragma unroll 1
+        for (int k0 = 0; k0 < WARP_SIZE; k0 += OSCAR_WIN_VG) {
+            half2 vn[OSCAR_WIN_VG][NV];
+            load_v(vn, k0 + OSCAR_WIN_VG, k0 + OSCAR_WIN_VG < WARP_SIZE ? lm >> (k0 + OSCAR_WIN_VG) : 0u);
 #pragma unroll
-        for (int k = 0; k < WARP_SIZE; ++k) {
+            for (int k = 0; k < OSCAR_WIN_VG; ++k) {
 #pragma unroll
-            for (int j = 0; j < NQ; ++j) {
-                const float pk = __shfl_sync(0xffffffff, pr[j], k, WARP_SIZE);
+                for (int j = 0; j < NQ; ++j) {
+                    const float pk = __shfl_sync(0xffffffff, pr[j], k0 + k, WARP_SIZE);
+#pragma unroll
+                    for (int kk = 0; kk < NV; ++kk) {
+                        const float2 vf = __half22float2(vc[k][kk]);
+                        acc[j][2*kk]     += pk*vf.x;
+                        acc[j][2*kk + 1] += pk*vf.y;
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < OSCAR_WIN_VG; ++k) {
 #pragma unroll
                 for (int kk = 0; kk < NV; ++kk) {
-                    const float2 vf = __half22float2(v[k][kk]);
-                    acc[j][2*kk]     += pk*vf.x;
-                    acc[j][2*kk + 1] += pk*vf.y;
+                    vc[k][kk] = vn[k][kk];
                 }
             }
         }
