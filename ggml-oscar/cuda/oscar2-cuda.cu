@@ -983,12 +983,11 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
     const int d  = UNROT ? VW*td : blockIdx.y*TD + td; // the thread's (first) dim
     const vec_t * pa = (const vec_t *) (part_acc + qi*n_part*D + d);
     constexpr int VS = D/VW; // a partial's stride in vec_t
-    auto zero = []() { return vec_t{}; };
     vec_t xr[NPR];
 #pragma unroll
     for (int i = 0; i < NPR; ++i) {
         const int s = ps + i*PS;
-        xr[i] = s < n_part ? pa[(int64_t) s*VS] : zero();
+        xr[i] = s < n_part ? pa[(int64_t) s*VS] : vec_t{};
     }
 
     float Mx = -INFINITY;
@@ -1040,7 +1039,7 @@ static __global__ void k_fa_combine(const float * part_acc, const float2 * part_
             af[c] += w != 0.0f ? w*xf[c] : 0.0f;
         }
     };
-    vec_t a = zero();
+    vec_t a = vec_t{};
 #pragma unroll
     for (int i = 0; i < NPR; ++i) {
         const int s = ps + i*PS;

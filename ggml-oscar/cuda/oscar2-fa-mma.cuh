@@ -144,14 +144,15 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
     const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
     const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
-    // some query sees row r of the chunk (r < r1): the mask row of each token (its first query)
-    auto row_live = [&](const int r) {
+    // row r's mask entries mk[j] (-inf for a query past nq or a row past r1; a query of the same
+    // token as the one before it has that one's entry), and whether some query sees the row
+    auto mask_row = [&](const int r, float (&mk)[NQ]) {
         bool live = false;
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
-            if (j < nq && jh[j] == 0) {
-                live = live || !mask || __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r]) != -INFINITY;
-            }
+            mk[j] = (j < nq && r < r1) ? (mask ? (j > 0 && jh[j] != 0 ? mk[j > 0 ? j - 1 : 0] :
+                                                 __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r])) : 0.0f) : -INFINITY;
+            live = live || mk[j] != -INFINITY;
         }
         return live;
     };
@@ -161,7 +162,8 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     // lines of 128 bytes, D/64 of them per row of f16.)
     for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
         const int r = rb + lane;
-        if (r < r1 && row_live(r)) {
+        float mk[NQ];
+        if (mask_row(r, mk)) {
 #pragma unroll
             for (int c = 0; c < D*2; c += 128) {
                 asm volatile("prefetch.global.L2 [%0];" :: "l"(Kh + (int64_t) r*src.nbk1 + c));
@@ -201,14 +203,7 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
         const int r = rb + lane;
         float mk[NQ];
-        bool live = false;
-#pragma unroll
-        for (int j = 0; j < NQ; ++j) {
-            // (a query of the same token as the one before it has its mask entry)
-            mk[j] = (j < nq && r < r1) ? (mask ? (j > 0 && jh[j] != 0 ? mk[j > 0 ? j - 1 : 0] :
-                                                 __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r])) : 0.0f) : -INFINITY;
-            live = live || mk[j] != -INFINITY;
-        }
+        const bool live = mask_row(r, mk);
         const uint32_t lm = __ballot_sync(0xffffffff, live);
         if (lm == 0) {
             continue; // rows nobody sees (retired or unused window cells, other sequences)
