@@ -4,12 +4,11 @@
     .venv/bin/python gpu/plot_tg.py
 
 Panels: the full benchmark of each shape (gpu/run.sh bench, 2 repetitions, plus the d131072
-run), and the `gpu/run.sh quick` runs of the newest kernels (f16 and oscar2, same run).
+run with 1), for the current kernels (2026-11-25) and for 2026-11-23's, to show the change.
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -33,22 +32,12 @@ def bench_series(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return {kv: series[kv] for kv in ("f16", "q8_0", "q4_0", "oscar2") if kv in series}
 
 
-def quick_series(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """tg lines of a `gpu/run.sh quick` log: 'quick T tgN dD: X tok/s'."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for m in re.finditer(r"quick (\S+) tg\d+ d(\d+): ([\d.]+) tok/s", path.read_text()):
-        series.setdefault(m.group(1), []).append((int(m.group(2)), float(m.group(3))))
-    return {kv: series[kv] for kv in ("f16", "oscar2") if kv in series}
-
-
 def main() -> None:
     panels = {
-        "Llama-3.1-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-llama3-8b"),
-        "Qwen3-8B shape, tg (6239e1a, 2 reps)": bench_series(RESULTS / "2026-11-23-rot-qwen3-8b"),
-        "Llama-3.1-8B, 1054f79 (2 reps)":
-            quick_series(RESULTS / "2026-11-24-window-lanes" / "quick-llama3-8b.txt"),
-        "Qwen3-8B, 1054f79 (1 rep)":
-            quick_series(RESULTS / "2026-11-24-window-lanes" / "quick-qwen3-8b-1rep.txt"),
+        "Llama-3.1-8B shape, tg (9871ad2, 2026-11-25)": bench_series(RESULTS / "2026-11-25-bench-refresh" / "llama3-8b"),
+        "Qwen3-8B shape, tg (9871ad2, 2026-11-25)": bench_series(RESULTS / "2026-11-25-bench-refresh" / "qwen3-8b"),
+        "Llama-3.1-8B shape, tg (6239e1a, 2026-11-23)": bench_series(RESULTS / "2026-11-23-rot-llama3-8b"),
+        "Qwen3-8B shape, tg (6239e1a, 2026-11-23)": bench_series(RESULTS / "2026-11-23-rot-qwen3-8b"),
     }
     out = rate_vs_depth(panels, REPO / "docs" / "gpu-h100-tg.png",
                         "decode tokens/s against depth, H100, llama-bench -fa 1, random q4_0 weights")

@@ -4,10 +4,12 @@
 #   bash gpu/run.sh build         unpack .device/upstream.tar.xz, CUDA build for sm_90 (ninja, incremental)
 #   bash gpu/run.sh test          test-backend-ops (CUDA vs CPU), bit-exact/float64 checks, CPU-vs-CUDA greedy
 #   bash gpu/run.sh bench [DEPTHS] llama-bench on an 8B-shaped random-weight model, f16/q8_0/q4_0/oscar2
+#                                 (SHAPE, TYPES, REPS; DEEP=131072 adds tg32 there, DEPTHS "-" runs DEEP alone)
 #   bash gpu/run.sh all           build + test + bench
 #   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
+#   bash gpu/run.sh clocks [D]    tg32/tg128 at depth D (131072) with the SM clock and power logged beside it
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
 #                                 (PROFILE_TYPES="f16 oscar2 oscar2:nofuse", NCU_DEPTHS, ABLATE=0, DETAIL=1)
@@ -333,33 +335,74 @@ for _ in range(n): y.copy_(x)
 torch.cuda.synchronize(); dt = (time.perf_counter() - t)/n
 print(f"device copy bandwidth: {2*x.numel()/dt/1e9:.0f} GB/s (read + write of 1 GiB)")
 EOF
-    log "bench $shape, depths $depths, types $types"
-    for T in $types; do
+    log "bench $shape, depths $depths${DEEP:+ and $DEEP}, types $types"
+    # ("-": no depths but DEEP's, so that a long DEEP run can take a call of its own)
+    [ "$depths" = - ] || for T in $types; do
         "$B/bin/llama-bench" -m $M -ngl 99 ${SPLIT:-} -fa 1 -ctk $T -ctv $T -d "$depths" -p 512 -n ${TG:-64} -r ${REPS:-2} -o json \
             > "$OUT/bench_$T.json" 2> "$OUT/bench_$T.err" || log "bench $T failed: $(tail -3 "$OUT/bench_$T.err")"
         log "bench $T done"
     done
-    python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+    # DEEP=131072: one more tg32 at that depth, 1 repetition (a prefill of DEEP tokens per test),
+    # into deep_T.json and d131072.json (what gpu/plot_tg.py reads)
+    if [ -n "${DEEP:-}" ]; then
+        for T in $types; do
+            "$B/bin/llama-bench" -m $M -ngl 99 ${SPLIT:-} -fa 1 -ctk $T -ctv $T -d $DEEP -p 0 -n 32 -r 1 -o json \
+                > "$OUT/deep_$T.json" 2> "$OUT/deep_$T.err" || log "bench $T d$DEEP failed: $(tail -3 "$OUT/deep_$T.err")"
+            log "bench $T d$DEEP done"
+        done
+    fi
+    python3 - "$OUT" "$shape" "${DEEP:-}" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys, pathlib
-out = pathlib.Path(sys.argv[1]); rows = {}
+out = pathlib.Path(sys.argv[1]); rows = {}; deep = {}
 for T in ("f16", "q8_0", "q4_0", "oscar2"):
-    try:
-        for r in json.loads((out / f"bench_{T}.json").read_text()):
-            kind = "pp" if r["n_prompt"] else "tg"
-            rows[(T, kind, r["n_depth"])] = r["avg_ts"]
-    except Exception as e:
-        print(T, "no result", e)
+    for name in (f"bench_{T}.json", f"deep_{T}.json"):
+        if not (out / name).exists():
+            continue
+        try:
+            for r in json.loads((out / name).read_text()):
+                kind = "pp" if r["n_prompt"] else "tg"
+                rows[(T, kind, r["n_depth"])] = r["avg_ts"]
+                if name.startswith("deep") and kind == "tg":
+                    deep[T] = r["avg_ts"]
+        except Exception as e:
+            print(T, name, "no result", e)
+if deep:
+    (out / "d131072.json").write_text(json.dumps({
+        "command": f"llama-bench -m {sys.argv[2]}-q4_0.gguf -ngl 99 -fa 1 -ctk T -ctv T -d {sys.argv[3]} -p 0 -n 32 -r 1",
+        "tg32_d131072_tokens_per_s": deep}, indent=1) + "\n")
 depths = sorted({d for (_, _, d) in rows})
 for kind in ("tg", "pp"):
     print(f"{kind} tokens/s (ratio to f16)")
     for d in depths:
         base = rows.get(("f16", kind, d))
+        if not any((T, kind, d) in rows for T in ("f16", "q8_0", "q4_0", "oscar2")):
+            continue
         cells = []
         for T in ("f16", "q8_0", "q4_0", "oscar2"):
             v = rows.get((T, kind, d))
             cells.append(f"{T} {v:8.1f} ({v/base:4.2f}x)" if v and base else f"{T} -")
         print(f"  d={d:6d}  " + "  ".join(cells))
 EOF
+}
+
+# clocks [DEPTH]: decode right after a long prefill, with the SM clock and power logged beside it
+# (nvidia-smi every 250 ms into clocks-smi.csv): tg32 and tg128 at DEPTH (default 131072), one
+# repetition per type of CLOCK_TYPES (default "oscar2 f16 oscar2"). Why: at 131k oscar2's decode
+# moved by 16% between loans while f16's moved by 3%; this tells whether the prefill's power cap
+# carries into the decode (it did not on 2026-11-25: the clock was back at 1980 MHz).
+clocks() {
+    local depth=${1:-131072} M T
+    pyenv
+    M=$(synth_model) || return 1
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv -lms 250 > "$OUT/clocks-smi.csv" &
+    local smi=$!
+    for T in ${CLOCK_TYPES:-oscar2 f16 oscar2}; do
+        log "clocks: $T at $depth, start"
+        "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk $T -ctv $T -d $depth -p 0 -n 32,128 -r 1 -o csv 2> "$OUT/clocks.err" \
+            | log_bench "clocks $T"
+    done
+    kill $smi
 }
 
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
@@ -581,6 +624,7 @@ case "${1:-all}" in
     bench) build && bench "${2:-}" ;;
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
+    clocks) build && clocks "${2:-}" ;;
     perf)  build && perf ;;
     trace) build && trace ;;
     ab)    ab "${2:-}" ;;
