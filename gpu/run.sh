@@ -343,7 +343,7 @@ EOF
         log "bench $T done"
     done
     # DEEP=131072: one more tg32 at that depth, 1 repetition (a prefill of DEEP tokens per test),
-    # into deep_T.json and d131072.json (what gpu/plot_tg.py reads)
+    # into deep_T.json and dDEEP.json (d131072.json is what gpu/plot_tg.py reads)
     if [ -n "${DEEP:-}" ]; then
         for T in $types; do
             "$B/bin/llama-bench" -m $M -ngl 99 ${SPLIT:-} -fa 1 -ctk $T -ctv $T -d $DEEP -p 0 -n 32 -r 1 -o json \
@@ -367,9 +367,9 @@ for T in ("f16", "q8_0", "q4_0", "oscar2"):
         except Exception as e:
             print(T, name, "no result", e)
 if deep:
-    (out / "d131072.json").write_text(json.dumps({
+    (out / f"d{sys.argv[3]}.json").write_text(json.dumps({
         "command": f"llama-bench -m {sys.argv[2]}-q4_0.gguf -ngl 99 -fa 1 -ctk T -ctv T -d {sys.argv[3]} -p 0 -n 32 -r 1",
-        "tg32_d131072_tokens_per_s": deep}, indent=1) + "\n")
+        f"tg32_d{sys.argv[3]}_tokens_per_s": deep}, indent=1) + "\n")
 depths = sorted({d for (_, _, d) in rows})
 for kind in ("tg", "pp"):
     print(f"{kind} tokens/s (ratio to f16)")
