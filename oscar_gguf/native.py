@@ -56,6 +56,9 @@ class GGML:
         c.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
         c.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCPU)
         c.oscar2_cpu_vec_dot_f32_ref.argtypes = [ctypes.c_int, ctypes.c_int, _vp, _vp, _vp]
+        c.oscar2_cpu_window_kq.argtypes = [_vp, ctypes.c_int, _vp, _c_int64]
+        c.oscar2_cpu_window_kq.restype = ctypes.c_float
+        c.oscar2_cpu_window_v.argtypes = [_vp, ctypes.c_int, _vp, _c_int64]
         c.ggml_cpu_init.argtypes = []
         c.ggml_cpu_init()
 
@@ -83,6 +86,20 @@ class GGML:
         s = ctypes.c_float()
         self.cpu.oscar2_cpu_vec_dot_f32_ref(group, y.size, ctypes.byref(s), data, _ptr(y))
         return s.value
+
+    # --- the CPU flash attention's window rows (F16C where built with it) ------------------
+    def window_kq(self, t: int, k_row: np.ndarray, q: np.ndarray) -> float:
+        """A window K row of type t (f16: float16 values) dotted with the f32 query."""
+        k_row = np.ascontiguousarray(k_row)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        return self.cpu.oscar2_cpu_window_kq(_ptr(k_row), t, _ptr(q), q.size)
+
+    def window_v(self, t: int, v_row: np.ndarray, n: int) -> np.ndarray:
+        """A window V row of type t as f32."""
+        v_row = np.ascontiguousarray(v_row)
+        out = np.empty(n, dtype=np.float32)
+        self.cpu.oscar2_cpu_window_v(_ptr(v_row), t, _ptr(out), n)
+        return out
 
     # --- ggml's generic entry points ----------------------------------------------------
     def quantize_chunk(self, t: int, x: np.ndarray) -> bytes:

@@ -132,3 +132,24 @@ def test_cpu_vec_dot_matches_reference(ggml, group, type_id):
         scale = float(np.abs(quant.dequantize_row(data, group)).dot(np.abs(y))) + 1e-6
         assert abs(fast - exact) / scale < 1e-5
         assert abs(ref - exact) / scale < 1e-5
+
+
+GGML_TYPE_F16, GGML_TYPE_BF16 = 1, 30  # the window's types (--oscar-window-type)
+
+
+@pytest.mark.parametrize("n", [64, 128, 136, 7])
+def test_cpu_window_rows_match_float64(ggml, n):
+    # the CPU flash attention's window rows: f16 (F16C path where built with it) and bf16 (the
+    # type's to_float and a scalar dot); n = 136 and 7 take the vector loop's tails
+    rng = np.random.default_rng(n)
+    q = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    k16 = x.astype(np.float16)
+    bits = x.view(np.uint32) & np.uint32(0xFFFF0000)  # values that bf16 holds exactly
+    k_bf = (bits >> 16).astype(np.uint16)
+    for t, row, values in ((GGML_TYPE_F16, k16, k16.astype(np.float32)), (GGML_TYPE_BF16, k_bf, bits.view(np.float32))):
+        exact = float(np.dot(values.astype(np.float64), q.astype(np.float64)))
+        scale = float(np.abs(values.astype(np.float64)).dot(np.abs(q))) + 1e-6
+        assert abs(ggml.window_kq(t, row, q) - exact) / scale < 1e-6, t
+        # V rows are converted, not summed: exact
+        assert np.array_equal(ggml.window_v(t, row, n), values), t
