@@ -1,6 +1,7 @@
 """Issue 3: the oscar2 block format. numpy reference == C reference == ggml entry points, byte for byte."""
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -134,9 +135,6 @@ def test_cpu_vec_dot_matches_reference(ggml, group, type_id):
         assert abs(ref - exact) / scale < 1e-5
 
 
-GGML_TYPE_F16, GGML_TYPE_BF16 = 1, 30  # the window's types (--oscar-window-type)
-
-
 @pytest.mark.parametrize("n", [64, 128, 136, 7])
 def test_cpu_window_rows_match_float64(ggml, n):
     # the CPU flash attention's window rows: f16 (F16C path where built with it) and bf16 (the
@@ -147,7 +145,9 @@ def test_cpu_window_rows_match_float64(ggml, n):
     k16 = x.astype(np.float16)
     bits = x.view(np.uint32) & np.uint32(0xFFFF0000)  # values that bf16 holds exactly
     k_bf = (bits >> 16).astype(np.uint16)
-    for t, row, values in ((GGML_TYPE_F16, k16, k16.astype(np.float32)), (GGML_TYPE_BF16, k_bf, bits.view(np.float32))):
+    # the window's types (--oscar-window-type)
+    T = gguf.GGMLQuantizationType
+    for t, row, values in ((T.F16, k16, k16.astype(np.float32)), (T.BF16, k_bf, bits.view(np.float32))):
         exact = float(np.dot(values.astype(np.float64), q.astype(np.float64)))
         scale = float(np.abs(values.astype(np.float64)).dot(np.abs(q))) + 1e-6
         assert abs(ggml.window_kq(t, row, q) - exact) / scale < 1e-6, t

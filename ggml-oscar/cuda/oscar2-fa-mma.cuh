@@ -150,8 +150,15 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
         bool live = false;
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
-            mk[j] = (j < nq && r < r1) ? (mask ? (j > 0 && jh[j] != 0 ? mk[j > 0 ? j - 1 : 0] :
-                                                 __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r])) : 0.0f) : -INFINITY;
+            if (j >= nq || r >= r1) {
+                mk[j] = -INFINITY;
+            } else if (!mask) {
+                mk[j] = 0.0f;
+            } else if (jh[j] != 0) {
+                mk[j] = mk[j - 1]; // (jh[0] == 0: j > 0 here)
+            } else {
+                mk[j] = __half2float(mask[(tok0 + jt[j])*p.mask_nb1 + r]);
+            }
             live = live || mk[j] != -INFINITY;
         }
         return live;
@@ -228,7 +235,8 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
         load_v(vc, 0, lm);
         // the scores: the lane's K row in chunks of 4 x 16 bytes, the next chunk loaded while
         // this one is dotted with every query (the first in flight with V's first group)
-        constexpr int KC = 4, NKC = D/8/KC;
+        constexpr int KC = 4;
+        static_assert((D/8) % KC == 0, "K in whole chunks");
         const uint4 * kr = (const uint4 *) (Kh + (int64_t) r*src.nbk1);
         auto load_k = [&](uint4 (&k)[KC], const int c0, const bool ok) {
 #pragma unroll
@@ -263,7 +271,6 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
                 kc[c] = kn[c];
             }
         }
-        static_assert(NKC >= 1 && (D/8) % KC == 0, "K chunks");
         float pr[NQ];
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
