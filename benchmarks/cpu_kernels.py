@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from oscar_gguf.native import GGML
-from oscar_gguf.quant import OSCAR2_64_TYPE_ID, OSCAR2_TYPE_ID
+from oscar_gguf.format.oscar2 import OSCAR2_64_TYPE_ID, OSCAR2_TYPE_ID
+from oscar_gguf.ggml_ctypes import GGML
 
 TYPES = {"q4_0": 2, "q8_0": 8, "oscar2": OSCAR2_TYPE_ID, "oscar2_64": OSCAR2_64_TYPE_ID}
 

@@ -3,8 +3,8 @@
 //   oscar2_cpu_vec_dot_*   dot product of an oscar2 row with an f32 row; the CPU flash
 //                          attention uses it for K.Q (vec_dot_type of oscar2 is F32, so the
 //                          query is never re-quantized).
-//   oscar2_cpu_quantize_row  quantization for set_rows / cpy into the cache, with the clip
-//                          ratio the KV cache passes in the op params.
+//   oscar2_cpu_write_row   quantization for set_rows / cpy into the cache, with the clip
+//                          ratio the node carries (ggml_oscar2_get_clip, oscar2-ops.h).
 //   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the CPU flash attention: K.Q
 //                          and V as f32.
 //
@@ -14,6 +14,7 @@
 
 #include "oscar2.h"
 #include "oscar2-cpu.h"
+#include "oscar2-ops.h"
 
 #include "ggml.h"
 
@@ -158,8 +159,13 @@ void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const f
 
 // ---- quantization into the cache --------------------------------------------------------
 
-void oscar2_cpu_quantize_row(int type, const float * x, void * y, int64_t k, float clip) {
-    oscar2_quantize_row_g(x, y, k, oscar2_group_size(type), clip);
+void oscar2_cpu_write_row(const struct ggml_tensor * dst, ggml_from_float_t from_float, const float * x, void * y, int64_t k) {
+    const float clip = oscar2_is_type(dst->type) ? ggml_oscar2_get_clip(dst) : 0.0f;
+    if (clip != 0.0f) {
+        oscar2_quantize_row_g(x, y, k, oscar2_group_size(dst->type), clip);
+    } else {
+        from_float(x, y, k);
+    }
 }
 
 void oscar2_cpu_from_float(const float * x, void * y, int64_t k) {
@@ -172,11 +178,11 @@ void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k) {
 
 // ---- high-precision window rows in the CPU flash attention -------------------------------
 //
-// The window's rows are f16 or bf16 (--oscar-window-type). Through the type's to_float they went
-// row by row into a buffer, then a scalar dot; ggml-base's f16 row conversion is a scalar loop.
-// perf of llama-bench (bundled model, one thread, tg32 at depth 1024) put half of the run in that
-// conversion and the dot. With F16C the f16 rows are converted 8 values at a time and K is dotted
-// in the same pass: 22.4 -> 34.4 tok/s there (f16 KV 53.5, q4_0 36.7; 2 vCPUs, 2026-11-25). The
+// The window's rows are f16 or bf16 (--oscar-window-type). Converted row by row through the
+// type's to_float into a buffer (ggml-base's f16 row conversion is a scalar loop) and then dotted
+// by a scalar loop, they take about half of a CPU decode at small depth (perf of llama-bench,
+// bundled model, one thread, tg32 at depth 1024). With F16C the f16 rows are converted 8 values
+// at a time and K is dotted in the same pass, which makes that decode about 1.5x faster. The
 // scalar path stays the reference and serves bf16.
 
 #if defined(OSCAR2_AVX2)

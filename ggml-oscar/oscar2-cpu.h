@@ -1,6 +1,8 @@
 // oscar2-cpu.h: CPU entry points of the oscar2 types, hooked into ggml-cpu's trait table
-// (ggml-cpu.c) and into set_rows / cpy (ops.cpp) by llama.cpp/patches.
+// (ggml-cpu.c), into set_rows / cpy and into flash attention (ops.cpp) by llama.cpp/patches.
 #pragma once
+
+#include "ggml.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -19,8 +21,9 @@ void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const f
 void oscar2_cpu_from_float   (const float * x, void * y, int64_t k);
 void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k);
 
-// quantize a row into a cache of `type` (an oscar2 type id) with a clip ratio
-void oscar2_cpu_quantize_row(int type, const float * x, void * y, int64_t k, float clip);
+// one row of a cache write (set_rows, cpy) into dst: quantized by from_float (dst's type's), or,
+// into oscar2, by the oscar2 quantizer with the clip ratio of the node (ggml_oscar2_get_clip)
+void oscar2_cpu_write_row(const struct ggml_tensor * dst, ggml_from_float_t from_float, const float * x, void * y, int64_t k);
 
 // flash attention over the high-precision window rows (f16/bf16, widened to f32):
 // the K.Q of one row with the f32 query, and one V row widened into out

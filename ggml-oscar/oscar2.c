@@ -1,7 +1,7 @@
 // oscar2.c: reference quantize / dequantize of the oscar2 block format.
 //
 // Plain C, no SIMD: this is the definition the CPU fast paths, the CUDA kernels and the
-// numpy reference (oscar_gguf/quant.py) are tested against. The format and the exact
+// numpy reference (oscar_gguf/format/oscar2.py) are tested against. The format and the exact
 // rounding rules are documented in oscar2.h.
 
 #include "oscar2.h"

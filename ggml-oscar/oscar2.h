@@ -23,7 +23,7 @@
 // Value of element j: m + code_j * d (fp16 fields widened to fp32; code_j*d is exact in
 // fp32, so the sum has one rounding whether or not the compiler fuses it).
 //
-// Quantization of a group x[0..G) with clip ratio c (DESIGN.md section 1), exactly:
+// Quantization of a group x[0..G) with clip ratio c (docs/design.md §1), exactly:
 //   0. sanitize: a NaN or +-inf becomes 0, and -0 becomes +0. One bad value therefore
 //      damages only its own group, never the softmax of every later query. fp32 subnormals
 //      (|x| < 2^-126) also become 0, as they would on a GPU that flushes them.
@@ -37,7 +37,7 @@
 //      in fp32, so every threshold has a single rounding and CPU, CUDA and numpy agree
 //      bit for bit even where a compiler contracts to FMA.
 //
-// oscar_gguf/quant.py is the numpy twin of this file; tests compare them byte for byte.
+// oscar_gguf/format/oscar2.py is the numpy twin of this file; tests compare them byte for byte.
 #pragma once
 
 #include <stddef.h>
@@ -76,10 +76,6 @@ _Static_assert(sizeof(block_oscar2_64) == 20, "block_oscar2_64 must be 20 bytes"
 // default clip ratios of the OSCAR paper, used when a model carries none
 #define OSCAR2_DEFAULT_CLIP_K 0.96f
 #define OSCAR2_DEFAULT_CLIP_V 0.92f
-
-// op_params[0] of a GGML_OP_MUL_MAT node that applies an OSCAR rotation (x @ R or x @ R^T, both
-// operands f32): lets a backend take it with a kernel made for d x d rotations of a few vectors
-#define OSCAR2_ROTATION_TAG 0x544f524f
 
 // --- reference (scalar, portable) -----------------------------------------------------
 // k = number of values (a multiple of the group size), clip as described above.

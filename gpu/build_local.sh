@@ -4,7 +4,7 @@
 #
 #   bash gpu/build_local.sh NAME [PATCH...]
 #
-# Why: a fresh GPU machine spends 290-380 s of a session's 1800 s building; a carried binary
+# Why: a fresh GPU machine spends 290-380 s building, a large share of a call's time; a carried binary
 # runs the FLASH_ATTN_EXT cases and the perf cases in about 35 s a call. The binary is static
 # (one file, about 72 MB, 41 MB as .xz: one per call fits the 64 MiB a call carries).
 #
@@ -61,6 +61,10 @@ for p in "$@"; do
     patch -p1 -s -d "$STAGE" < "$p" || { echo "build_local: $p does not apply" >&2; exit 2; }
 done
 sync_changed "$STAGE/ggml-oscar" "$TREE/ggml/src/ggml-oscar"
+# and what ggml-oscar no longer has goes (the CUDA build compiles every ggml-oscar/cuda/*.cu)
+(cd "$TREE/ggml/src/ggml-oscar" && find . -type f) | while read -r f; do
+    [ -f "$STAGE/ggml-oscar/$f" ] || rm -f "$TREE/ggml/src/ggml-oscar/$f"
+done
 
 if [ ! -f "$BUILD/build.ninja" ]; then
     cmake -S "$TREE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -72,30 +72,27 @@ def pack_tree(tree: Path, dst: Path) -> None:
 
 
 def cut_model(src: Path, dst: Path, n_layers: int) -> None:
-    """The first n layers of a llama GGUF, with random orthogonal rotations (gguf_io)."""
+    """The first n layers of a llama GGUF, with random orthogonal rotations (oscar-convert's path)."""
     import numpy as np
-    from oscar_gguf import gguf_io
-    from oscar_gguf.gguf_io import read_model_info, write_gguf
+    from gguf import GGUFValueType
+    from oscar_gguf.convert import convert
+    from oscar_gguf.format import gguf_keys
+    from oscar_gguf.format.gguf_read import open_gguf, read_model_info
+    from oscar_gguf.format.gguf_write import copy_with_additions
+    from oscar_gguf.format.rotations import Rotations, random_rotation
     info = read_model_info(src)
-    drop = set()
-    from gguf import GGUFReader
-    r = GGUFReader(str(src))
-    for t in r.tensors:
-        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
-            drop.add(t.name)
+    r = open_gguf(src)
+    drop = {t.name for t in r.tensors if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers}
     key = f"{info.arch}.block_count"
     cut = dst.with_suffix(".tmp.gguf")
-    write_gguf(src, cut, [(key, gguf_io.T_UINT32, n_layers)], [], drop_prefixes=(key,), drop_tensors=drop, reader=r)
+    copy_with_additions(src, cut, [(key, GGUFValueType.UINT32, n_layers, None)], [], drop_prefixes=(key,),
+                        drop_tensors=drop, reader=r)
     rng = np.random.default_rng(7)
-
-    def rot(d):
-        q, rr = np.linalg.qr(rng.standard_normal((d, d)))
-        return (q * np.sign(np.diag(rr))).astype(np.float32)
-    rots = gguf_io.Rotations({i: rot(info.head_dim_k) for i in range(n_layers)},
-                             {i: rot(info.head_dim_v) for i in range(n_layers)},
-                             [0.96] * n_layers, [0.92] * n_layers, info.arch, n_layers, info.head_dim_k,
-                             64, {"method": "random-orthogonal (GPU tests)"})
-    gguf_io.convert(cut, dst, rots, force=True)
+    rots = Rotations({i: random_rotation(info.head_dim_k, rng) for i in range(n_layers)},
+                     {i: random_rotation(info.head_dim_v, rng) for i in range(n_layers)},
+                     [gguf_keys.DEFAULT_CLIP_K] * n_layers, [gguf_keys.DEFAULT_CLIP_V] * n_layers, info.arch,
+                     n_layers, info.head_dim_k, 64, {"method": "random-orthogonal (GPU tests)"})
+    convert(cut, dst, rots, force=True)
     cut.unlink()
 
 

@@ -8,11 +8,11 @@
 #   bash gpu/run.sh all           build + test + bench
 #   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
-#   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the issue's depths, in one call
+#   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the speed targets' depths, in one call
 #   bash gpu/run.sh clocks [D]    tg32/tg128 at depth D (131072) with the SM clock and power logged beside it
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
 #                                 and oscar2 with the window or the rotations turned off at depth D
-#                                 (PROFILE_TYPES="f16 oscar2 oscar2:nofuse", NCU_DEPTHS, ABLATE=0, DETAIL=1)
+#                                 (PROFILE_TYPES="f16 oscar2 oscar2:nowin", NCU_DEPTHS, ABLATE=0, DETAIL=1)
 #   bash gpu/run.sh perf          test-backend-ops perf: one 8B attention layer, oscar2 against f16, decode at
 #                                 0, 32k and 131k, prefill at 16k; PERF_PATCHES="a.patch b.patch a.patch+b.patch"
 #                                 then checks and times each entry after an incremental rebuild
@@ -20,8 +20,9 @@
 #                                 wall, GPU busy and idle time, kernel time by name (TRACE_RUNS, TRACE_TYPES)
 #   bash gpu/run.sh timeline      per-block timeline of the decode kernels, cold (llama-bench) and warm
 #                                 (perf), with gpu/trace/decode-timeline.patch built in (TL_RUNS, TL_EVERY)
-#   bash gpu/run.sh ab REFDIR     the working tree's kernels against REFDIR/ggml-oscar, end to end, alternating
-#                                 in one session (AB_RUNS, AB_ROUNDS, AB_REPS)
+#   bash gpu/run.sh ab REF        the working tree's kernels against REF/ggml-oscar (a carried directory), or
+#                                 against themselves with the patch REF (gpu/ab/*.patch), end to end, alternating
+#                                 in one call (AB_RUNS, AB_ROUNDS, AB_REPS)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
 #                                 the FLASH_ATTN_EXT cases and the perf cases
 #
@@ -35,6 +36,19 @@ TREE=$OSCAR_CACHE_DIR/src/llama-cpp-python-0.3.36
 B=/tmp/oscar-build
 ARCH=${CUDA_ARCH:-90}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+
+# sync_oscar DIR: the tree's ggml-oscar made equal to DIR: only the files that differ are copied
+# (a fresh copy's mtimes would make ninja rebuild them all), and files DIR lacks are removed
+# (the CUDA build compiles every ggml-oscar/cuda/*.cu it finds, patch 0012)
+sync_oscar() {
+    local f src=$1 dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar
+    (cd "$src" && find . -type f) | while read -r f; do
+        cmp -s "$src/$f" "$dst/$f" || { mkdir -p "$(dirname "$dst/$f")" && cp "$src/$f" "$dst/$f"; }
+    done
+    (cd "$dst" && find . -type f) | while read -r f; do
+        [ -f "$src/$f" ] || rm -f "$dst/$f"
+    done
+}
 
 build() {
     # the carried tree must come from the patches in this checkout (gpu/pack.py stamps it): a
@@ -50,11 +64,7 @@ build() {
         fi
     fi
     # our sources as they are now (the tarball may be older than the last edit)
-    # (only the files that differ: a fresh copy's mtimes would make ninja rebuild them all)
-    local f dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar
-    (cd ggml-oscar && find . -type f) | while read -r f; do
-        cmp -s "ggml-oscar/$f" "$dst/$f" || { mkdir -p "$(dirname "$dst/$f")" && cp "ggml-oscar/$f" "$dst/$f"; }
-    done
+    sync_oscar ggml-oscar
     if [ ! -f "$B/build.ninja" ]; then
         cmake -S "$TREE/vendor/llama.cpp" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DBUILD_SHARED_LIBS=ON \
@@ -94,7 +104,7 @@ test_gpu() {
     backend_ops SET_ROWS,GET_ROWS,CPY,FLASH_ATTN_EXT,MUL_MAT,OSCAR_ROTATE_STORE test-backend-ops.log
 
     pyenv
-    python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py > "$OUT/pytest.log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py tests/test_cuda_kernels.py > "$OUT/pytest.log" 2>&1
     log "pytest (CPU + CUDA0 cases): $(tail -1 "$OUT/pytest.log")"
 
     # CPU vs CUDA end to end on the cut model (always carried), and on a full calibrated model
@@ -220,7 +230,7 @@ synth_model() {
     local shape=${SHAPE:-llama3-8b}
     local M=/tmp/$shape-q4_0.gguf
     if [ ! -f $M ]; then
-        python3 -c "from oscar_gguf.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
+        python3 -c "from oscar_gguf.measure.synth import write_synthetic; write_synthetic('$shape', 'q4_0', '$M', rotations=True)" \
             > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log" >&2; return 1; }
     fi
     echo $M
@@ -248,7 +258,7 @@ profile() {
         for d in ${NCU_DEPTHS:-0 $depth}; do
             for T in $types; do
                 # (file names without ':', which the device's file transfer refuses)
-                env $(variant_env $T) "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
+                "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv $([ $d = 0 ] || echo "-k $filter") \
                     "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) -d $d -p 0 -n 8 -r 1 > "$OUT/ncu_${T//:/_}_d$d.csv" 2> "$OUT/ncu_${T//:/_}_d$d.err" \
                     || log "ncu $T d$d failed: $(tail -3 "$OUT/ncu_${T//:/_}_d$d.err")"
             done
@@ -388,8 +398,9 @@ EOF
 # clocks [DEPTH]: decode right after a long prefill, with the SM clock and power logged beside it
 # (nvidia-smi every 250 ms into clocks-smi.csv): tg32 and tg128 at DEPTH (default 131072), one
 # repetition per type of CLOCK_TYPES (default "oscar2 f16 oscar2"). Why: at 131k oscar2's decode
-# moved by 16% between loans while f16's moved by 3%; this tells whether the prefill's power cap
-# carries into the decode (it did not on 2026-11-25: the clock was back at 1980 MHz).
+# varies by up to 16% between machines and runs where f16's varies by 3%; this tells whether the
+# prefill's power cap carries into the decode (on the H100 it does not: the SM clock is back at
+# 1980 MHz before the decode, gpu/results/h100-speed/).
 clocks() {
     local depth=${1:-131072} M T
     pyenv
@@ -406,18 +417,8 @@ clocks() {
 }
 
 # variant_args NAME: llama-bench arguments of a KV type, or of oscar2 with parts turned off:
-# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither);
-# variant_env NAME: its environment (oscar2:nofuse: no oscar fusion at all; oscar2:nounrot: the output's
-# un-rotation not fused into the attention's combine; oscar2:nopdl: our kernels launched plainly,
-# upstream's still as programmatic dependents; oscar2:pdlN: GGML_CUDA_OSCAR_PDL=N, a mask of the
-# oscar_pdl bits in ggml-oscar/cuda/oscar2-cuda.cu)
-variant_env() {
-    [[ $1 == *:nofuse* ]] && echo GGML_CUDA_OSCAR_NO_FUSION=1
-    [[ $1 == *:nounrot* ]] && echo GGML_CUDA_OSCAR_NO_UNROT=1
-    [[ $1 == *:nopdl* ]] && echo GGML_CUDA_OSCAR_PDL=0
-    [[ $1 =~ :pdl([0-9]+) ]] && echo GGML_CUDA_OSCAR_PDL=${BASH_REMATCH[1]}
-    return 0
-}
+# oscar2:nowin (no window), oscar2:norot (no rotations), oscar2:nowin:norot (neither). (Parts of
+# the CUDA code are turned off by a patch and a build of their own: ab, gpu/ab/.)
 variant_args() {
     local t=${1%%:*}
     echo "-ctk $t -ctv $t"
@@ -427,7 +428,7 @@ variant_args() {
 }
 
 # quick: one call's worth of checking after a kernel change, for a tight device budget
-# (QUICK_TYPES="oscar2 oscar2:nofuse f16" adds variants, QUICK_RUNS="-d 0 -n 64;-d 16384 -p 512 -n 0"
+# (QUICK_TYPES="oscar2 oscar2:nowin f16" adds variants, QUICK_RUNS="-d 0 -n 64;-d 16384 -p 512 -n 0"
 # replaces the runs, QUICK_REPS the repetitions):
 # FLASH_ATTN_EXT CUDA vs CPU (the oscar cases of test-backend-ops), then f16 against oscar2:
 # tg64 at depths 0 and 32768, pp512 at 16384, and tg32 at 131072 last (the longest: a 131k prefill
@@ -452,34 +453,39 @@ quick() {
     [ -n "${QUICK_RUNS:-}" ] && IFS=';' read -ra runs <<< "$QUICK_RUNS"
     for args in "${runs[@]}"; do
         for T in ${QUICK_TYPES:-oscar2 f16}; do
-            env $(variant_env $T) "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
+            "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r ${QUICK_REPS:-1} -o csv 2> "$OUT/quick.err" \
                 | log_bench "quick $T"
         done
     done
 }
 
-# ab REFDIR: the working tree's kernels against those of REFDIR/ggml-oscar (e.g. a commit's
-# ggml-oscar from `git archive`, carried), end to end on one machine in one session, because
-# runs on different machines or hours differ by 3-5%. Builds llama-bench, keeps its
-# libggml-cuda, rebuilds that library from REFDIR's sources, then runs AB_RUNS (";"-separated
+# ab REF: the working tree's kernels against those of REF/ggml-oscar (e.g. a commit's
+# ggml-oscar from `git archive`, carried), or against the working tree's with the patch REF
+# applied (gpu/ab/*.patch: a design choice turned off), end to end on one machine in one call,
+# because runs on different machines or hours differ by 3-5%. Builds llama-bench, keeps its
+# libggml-cuda, rebuilds that library from the reference sources, then runs AB_RUNS (";"-separated
 # llama-bench arguments, oscar2 KV) AB_ROUNDS times, alternating which build goes first, by
 # swapping the library in place. The tree is left with the working tree's sources.
 ab() {
-    local ref=${1:?ab: the carried directory holding the reference ggml-oscar}
-    local M lib dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar f
+    local ref=${1:?ab: the carried directory holding the reference ggml-oscar, or a patch}
+    local M lib
+    if [[ $ref == *.patch ]]; then
+        local patch=$(readlink -f "$ref")
+        ref=/tmp/ab-ref
+        rm -rf $ref && mkdir -p $ref && cp -r ggml-oscar $ref/
+        (cd $ref && apply_patch "$patch") || { log "ab: $patch does not apply"; return 1; }
+    fi
     [ -d "$ref/ggml-oscar" ] || { log "ab: no $ref/ggml-oscar"; return 1; }
     TARGETS=llama-bench build || return 1
     pyenv
     M=$(synth_model) || return 1
     lib=$(cd "$B/bin" && ls libggml-cuda.so.*.* | head -1)
     mkdir -p /tmp/ab && cp "$B/bin/$lib" /tmp/ab/new.so
-    (cd "$ref/ggml-oscar" && find . -type f) | while read -r f; do
-        cmp -s "$ref/ggml-oscar/$f" "$dst/$f" || cp "$ref/ggml-oscar/$f" "$dst/$f"
-    done
+    sync_oscar "$ref/ggml-oscar"
     # (ninja itself: build() would copy the working tree's sources back first)
     ninja -C "$B" llama-bench > "$OUT/build-ref.log" 2>&1 || { log "ab: the reference build failed"; tail -20 "$OUT/build-ref.log"; return 1; }
     cp "$B/bin/$lib" /tmp/ab/ref.so
-    (cd ggml-oscar && find . -type f) | while read -r f; do cp "ggml-oscar/$f" "$dst/$f"; done
+    sync_oscar ggml-oscar
     local runs r args which order
     IFS=';' read -ra runs <<< "${AB_RUNS:--d 0,32768 -p 0 -n 64}"
     for r in $(seq 1 "${AB_ROUNDS:-3}"); do
@@ -515,7 +521,7 @@ trace() {
         args=${run%|*}; n=${run##*|}; i=$((i + 1)); first=; last=
         for T in ${TRACE_TYPES:-oscar2 f16}; do
             local f="$OUT/trace${i}_${T//:/_}.tsv"
-            env $(variant_env $T) OSCAR_TRACE_OUT="$f" CUDA_INJECTION64_PATH=/tmp/kernel_trace.so \
+            OSCAR_TRACE_OUT="$f" CUDA_INJECTION64_PATH=/tmp/kernel_trace.so \
                 "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 $(variant_args $T) $args -r 1 -o csv 2> "$OUT/trace.err" \
                 | python3 -c "
 import csv, sys

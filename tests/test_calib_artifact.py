@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from oscar_gguf.calibrate.artifact import RotationArtifact, load_artifact, save_artifact
-from oscar_gguf.calibrate.fit import oscar_rotation
+from oscar_gguf.calibrate.oscar_rotation import oscar_rotation
 from oscar_gguf.calibrate.rotationzoo import import_rotationzoo
 
 

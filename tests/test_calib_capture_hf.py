@@ -177,7 +177,8 @@ def test_simulated_attention_exact_when_not_quantized(arch):
 
 @pytest.mark.parametrize("rotation", ["learned", "key-eigen-dc", "hadamard"])
 def test_other_rotation_recipes(rotation):
-    from oscar_gguf.calibrate.fit import hadamard, orthogonality_error
+    from oscar_gguf.calibrate.oscar_rotation import hadamard
+    from oscar_gguf.format.rotations import orthogonality_error
 
     model = tiny("llama")
     torch.manual_seed(2)

@@ -52,7 +52,7 @@ def test_unsupported_architecture(tmp_path, capsys):
 
 
 def test_mla_gguf_is_refused(tmp_path, capsys):
-    from oscar_gguf.fuzz import write_tiny_mla_model
+    from gguf_fixtures import write_tiny_mla_model
     model = write_tiny_mla_model(tmp_path / "mla.gguf")
     rc, _, err = run(["calibrate", str(model), "--out", str(tmp_path / "r.safetensors"), "--backend", "llama",
                       "--tokens", "256", "--seq-len", "128", "--quiet"], capsys)

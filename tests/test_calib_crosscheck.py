@@ -114,7 +114,7 @@ def test_statistics_agree_after_layout_mapping(captures):
 
 
 def test_rotations_agree_after_layout_mapping(captures):
-    from oscar_gguf.calibrate.fit import canonical_eigh
+    from oscar_gguf.calibrate.oscar_rotation import canonical_eigh
 
     st_h, st_l, keys_l = captures
     assert st_h.pass_name is None and st_l.pass_name is None      # both fitted after two passes

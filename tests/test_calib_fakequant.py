@@ -7,8 +7,8 @@ import torch
 
 from oscar_gguf.calibrate.clip import clip_grid
 from oscar_gguf.calibrate.fakequant import GroupQuantizer, fake_quantize
-from oscar_gguf.quant import clip_index
-from oscar_gguf.quant import fake_quantize as reference
+from oscar_gguf.format.oscar2 import clip_index
+from oscar_gguf.format.oscar2 import fake_quantize as reference
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from oscar_gguf.calibrate.fit import (bit_reversal_permutation, bit_reverse, canonical_eigh, hadamard,
-                                      orthogonality_error, oscar_rotation)
+from oscar_gguf.calibrate.oscar_rotation import (bit_reversal_permutation, bit_reverse, canonical_eigh, hadamard,
+                                      oscar_rotation)
+from oscar_gguf.format.rotations import orthogonality_error
 from oscar_gguf.calibrate.stats import AttentionShape, LayerStats, group_queries
 
 
@@ -92,7 +93,7 @@ def test_canonical_sign_is_permutation_invariant():
 # ---- statistics --------------------------------------------------------------------------
 
 def _brute_stats(q, k, v, n_head, n_kv):
-    """DESIGN.md section 1, literally, with python loops over heads and tokens."""
+    """docs/design.md §1, literally, with python loops over heads and tokens."""
     t, _, d = q.shape
     g = n_head // n_kv
     c = []

@@ -7,7 +7,7 @@ import pytest
 
 from oscar_gguf.calibrate import layout
 from oscar_gguf.calibrate.artifact import RotationArtifact
-from oscar_gguf.calibrate.fit import oscar_rotation
+from oscar_gguf.calibrate.oscar_rotation import oscar_rotation
 
 
 def _rope_half(x, pos, theta=10000.0):

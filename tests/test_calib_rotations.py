@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from oscar_gguf.calibrate.fakequant import fake_quantize
-from oscar_gguf.calibrate.fit import hadamard, orthogonality_error
+from oscar_gguf.calibrate.oscar_rotation import hadamard
+from oscar_gguf.format.rotations import orthogonality_error
 from oscar_gguf.calibrate.rotations import (SampleStore, dc_rotation, learn_rotation, sst_token_weights,
                                             target_clip)
 

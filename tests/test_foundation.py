@@ -10,7 +10,7 @@ import pytest
 import fetch
 from oscar_gguf import bundled_model_path, library_dir, tool_path
 from oscar_gguf.paths import MissingComponentError
-from oscar_gguf.runtime import LlamaServer, linked_libllama, patchset_version
+from oscar_gguf.runtime import LlamaServer, kv_type, linked_libllama, patchset_version
 
 MARKER = "oscar-gguf-patches/1"
 TOOLS = ["llama-server", "llama-cli", "llama-perplexity", "llama-bench"]
@@ -59,6 +59,27 @@ def test_fetch_applies_patches_idempotently_and_refuses_a_bad_patch(tmp_path, ca
 
 def test_marker_from_bindings():
     assert patchset_version() == MARKER
+
+
+def test_oscar_context_params_reach_the_library():
+    """The bindings' ctypes mirror of llama_context_params has the library's layout: every oscar_*
+    field set from Python (non-default values) is what libllama reads, and the fields before them
+    did not move (llama_oscar_context_params_echo formats what the library sees)."""
+    import llama_cpp
+    bf16 = kv_type("bf16")
+    p = llama_cpp.llama_context_default_params()
+    assert (p.oscar_sink, p.oscar_recent, p.oscar_rot, p.oscar_strict, p.oscar_rot_float) == (-1, -1, 0, False, False)
+    p.oscar_sink, p.oscar_recent, p.oscar_window_type = 7, 300, bf16
+    p.oscar_rot, p.oscar_clip_k, p.oscar_clip_v = 2, 0.5, 0.25
+    p.oscar_strict, p.oscar_rot_float = True, True
+    p.n_ctx, p.type_k = 1234, llama_cpp.GGML_TYPE_OSCAR2
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_oscar_context_params_echo(p, buf, len(buf))
+    assert 0 < n < len(buf)
+    seen = dict(kv.split("=") for kv in buf.value.decode().split())
+    assert seen == {"sink": "7", "recent": "300", "window_type": str(bf16), "rot": "2",
+                    "clip_k": "0.5", "clip_v": "0.25", "strict": "1", "rot_float": "1", "n_ctx": "1234",
+                    "type_k": str(llama_cpp.GGML_TYPE_OSCAR2)}
 
 
 @pytest.mark.parametrize("tool", TOOLS)

@@ -1,6 +1,6 @@
 """Issue 9: run-time argument errors give a one-line error, a non-zero exit and no crash.
 
-The models are the fuzzer's tiny synthetic llama GGUFs (oscar_gguf.fuzz.write_tiny_model): they
+The models are the fuzzer's tiny synthetic llama GGUFs (tests/gguf_fixtures.py: write_tiny_model): they
 load in milliseconds, so every refusal below costs a process start, not a model load. A head_dim
 of 80 or 96 is made the same way (oscar2 needs a multiple of 64).
 """
@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from oscar_gguf.fuzz import TinyShape, write_tiny_mla_model, write_tiny_model
+from gguf_fixtures import TinyShape, write_tiny_mla_model, write_tiny_model
 from oscar_gguf.runtime import run_tool
 
 OSCAR = ["-ctk", "oscar2", "-ctv", "oscar2"]
@@ -118,8 +118,8 @@ def test_mla_model_still_runs_with_f16(models):
 @pytest.mark.parametrize("n_layer", [0, 100000])
 def test_absurd_layer_count_is_refused_not_aborted(tmp_path, n_layer):
     """block_count 0 or above LLAMA_MAX_LAYERS was an upstream GGML_ASSERT (an abort) in
-    llama-model.cpp's load_hparams; patch 0014 makes it a load error with a one-line reason."""
-    from oscar_gguf.fuzz import U32, serialize, tiny_model
+    llama-model.cpp's load_hparams; the fixes patch makes it a load error with a one-line reason."""
+    from oscar_gguf.fuzz.inputs import U32, serialize, tiny_model
     doc = tiny_model()
     doc.set("llama.block_count", U32, n_layer)
     p = tmp_path / f"layers{n_layer}.gguf"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from oscar_gguf import bench
-from oscar_gguf.measure_cli import main as cli
-from oscar_gguf.synth import ModelInfo, model_info, write_synthetic
+from oscar_gguf.measure import bench
+from oscar_gguf.measure.cli import main as cli
+from oscar_gguf.format.gguf_read import ModelInfo, model_info
+from oscar_gguf.measure.synth import write_synthetic
 
 BENCH_JSON = """[
   {

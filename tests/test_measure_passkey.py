@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from oscar_gguf import passkey as pk
-from oscar_gguf.measure_cli import main as cli
+from oscar_gguf.measure import passkey as pk
+from oscar_gguf.measure.cli import main as cli
 
 
 class FakeServer:

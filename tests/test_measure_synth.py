@@ -7,10 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from oscar_gguf import gguf_keys as K
-from oscar_gguf.measure_cli import main as cli
+from oscar_gguf.format import gguf_keys as K
+from oscar_gguf.measure.cli import main as cli
 from oscar_gguf.runtime import run_tool
-from oscar_gguf.synth import SHAPES, SynthError, model_info, read_gguf_metadata, write_synthetic
+from oscar_gguf.format.gguf_read import model_info, read_gguf_metadata
+from oscar_gguf.measure.synth import SHAPES, SynthError, write_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +140,7 @@ def test_cli_refuses_bad_input_without_touching_files(tmp_path, capsys):
 
 
 def test_weight_types_and_real_shapes_fit():
-    from oscar_gguf.synth import check_shape_fits
+    from oscar_gguf.measure.synth import check_shape_fits
     for name in SHAPES:
         for w in ("f16", "q8_0", "q4_0", "q4_k"):
             check_shape_fits(SHAPES[name], w, 128256)

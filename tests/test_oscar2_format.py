@@ -5,8 +5,8 @@ import gguf
 import numpy as np
 import pytest
 
-from oscar_gguf import quant
-from oscar_gguf.native import GGML
+from oscar_gguf.format import oscar2 as quant
+from oscar_gguf.ggml_ctypes import GGML
 
 CLIPS = [1.0, 0.96, 0.92, 0.8]
 GROUPS = [64, 128]

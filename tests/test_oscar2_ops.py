@@ -1,7 +1,7 @@
 """Issues 3 and 7: the real ggml ops on oscar2 caches (set_rows with clip, get_rows, flash attention).
 
 tests/c/oscar2_ops.c builds a ggml graph exactly like llama.cpp's KV cache does (set_rows into the
-cache with the clip ratio in op_params, views per head, ggml_flash_attn_ext, window rows) and runs
+cache with its clip ratio, views per head, ggml_flash_attn_ext, window rows) and runs
 it on a backend: the CPU always, CUDA0 on a GPU machine with a CUDA build. We check the cache bytes
 against the numpy reference (bit-exact on every backend) and the attention output against a
 float64 attention over the reference-dequantized K/V.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ctools import build_c_tool
-from oscar_gguf import quant
+from oscar_gguf.format import oscar2 as quant
 
 GROUP = {"oscar2": 128, "oscar2_64": 64}
 

@@ -13,9 +13,10 @@ What must hold:
 
 The bounds are ratios with a margin below the measured values (README, "Results"), so a
 regression that erases most of a gain fails. The ablation of the rotation alone (Hadamard
-with OSCAR's clips and window against OSCAR) is measured and printed, and bounded loosely:
-on this small model the recipes differ by less than the run-to-run spread of a CI-sized
-calibration. The tables are written to $OSCAR_QUALITY_OUT when it is set.
+with OSCAR's clips and window against OSCAR, where the README's ctx 2048 table has OSCAR at
+about 0.6 of Hadamard's KLD) requires the calibrated rotation to be no worse than Hadamard;
+that leaves room for the run-to-run spread of a CI-sized calibration. The tables are written
+to $OSCAR_QUALITY_OUT when it is set.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import os
 
 import pytest
 
-from oscar_gguf.evaluate import run_eval
+from oscar_gguf.measure.evaluate import run_eval
 
 # the calibration budget of this test; `oscar calibrate` defaults to 32768 tokens
 CAL_TOKENS = int(os.environ.get("OSCAR_QUALITY_TOKENS", "4096"))
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.slow
 def calibrated_model(bundled_model, tmp_path_factory, n_threads):
     from oscar_gguf.calibrate import save_artifact
     from oscar_gguf.calibrate.pipeline import calibrate_file
-    from oscar_gguf.convert_cli import main as convert_main
+    from oscar_gguf.convert import main as convert_main
 
     d = tmp_path_factory.mktemp("quality")
     run = calibrate_file(str(bundled_model), tokens=CAL_TOKENS, seq_len=2048, progress=False, threads=n_threads)
@@ -84,7 +85,7 @@ def test_oscar_beats_hadamard_beats_no_rotation(ctx2048):
 
 def test_calibrated_rotation_is_not_worse_than_hadamard_at_the_same_clips_and_window(ctx2048):
     k = ctx2048
-    assert k["oscar"] < 1.25 * k["hadamard-oscar"], k
+    assert k["oscar"] <= k["hadamard-oscar"], k
 
 
 def test_window_lowers_the_error_at_2048(ctx2048):

@@ -16,22 +16,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gguf_fixtures import PROMPT, random_orthogonal, rotations_for, with_rotations
-from oscar_gguf.gguf_io import (ConvertError, Rotations, convert, inspect_report, read_model_info,
-                                write_gguf)
-from oscar_gguf.lowlevel import Context, LlamaError, Model
+from gguf_fixtures import PROMPT, rotations_for, with_rotations
+from oscar_gguf.convert import convert, inspect_report
+from oscar_gguf.format.gguf_read import GGUFError as ConvertError
+from oscar_gguf.format.gguf_read import read_model_info
+from oscar_gguf.format.gguf_write import copy_with_additions as write_gguf
+from oscar_gguf.format.rotations import Rotations
+from oscar_gguf.format.rotations import random_rotation as random_orthogonal
+from oscar_gguf.llama_context import Context, LlamaError, Model
 from oscar_gguf.runtime import run_tool
 
 ATTN0 = "kqv_out-0"             # attention output of layer 0, in the cache's basis
 ATTN0_UNROT = "kqv_out_unrot-0"  # the same after the V rotation is undone
 
 
-@pytest.fixture(autouse=True)
-def rotate_float_caches(request, monkeypatch):
-    """The wiring tests below rotate f16/f32 caches, where a rotation changes nothing but can be
-    checked exactly; by default only quantized caches are rotated (test_float_cache_skips_rotations)."""
-    if "no_float_rotation" not in request.keywords:
-        monkeypatch.setenv("OSCAR_ROT_FLOAT_CACHE", "1")
+# The wiring tests below rotate f16/f32 caches, where a rotation changes nothing but can be
+# checked exactly; by default only quantized caches are rotated (test_float_cache_skips_rotations).
+ROT_FLOAT = dict(oscar_rot_float=True)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def tokens(bundled_model):
 
 
 def attn0(path, tokens, name, **kw):
+    kw = {**ROT_FLOAT, **kw}
     with Model(path) as m, Context(m, n_ctx=256, capture=[name], **kw) as c:
         c.decode(tokens)
         return c.captured[name][-1]
@@ -78,13 +80,12 @@ def test_random_orthogonal_rotation_is_invariant(models, tokens, kv):
     assert rel(still_rotated, plain) > 0.3, "the rotation must really be applied"
 
 
-@pytest.mark.no_float_rotation
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 def test_float_cache_skips_rotations(models, tokens, kv):
     """By default a float cache is not rotated (it would only cost time): the rotated model's
     layer-0 attention is bit-identical to the plain model's, with no un-rotation node."""
-    plain = attn0(models["plain"], tokens, ATTN0, type_k=kv, type_v=kv)
-    rotated = attn0(models["random"], tokens, ATTN0, type_k=kv, type_v=kv)
+    plain = attn0(models["plain"], tokens, ATTN0, type_k=kv, type_v=kv, oscar_rot_float=False)
+    rotated = attn0(models["random"], tokens, ATTN0, type_k=kv, type_v=kv, oscar_rot_float=False)
     assert np.array_equal(plain, rotated)
     with Model(models["random"]) as m, Context(m, n_ctx=256, capture=[ATTN0_UNROT], type_k=kv, type_v=kv) as c:
         c.decode(tokens)
@@ -92,9 +93,9 @@ def test_float_cache_skips_rotations(models, tokens, kv):
 
 
 def test_rotated_model_generates_like_the_plain_one(models, tokens):
-    with Model(models["plain"]) as m, Context(m, n_ctx=256) as c:
+    with Model(models["plain"]) as m, Context(m, n_ctx=256, **ROT_FLOAT) as c:
         a = c.greedy(tokens[:20], 12)
-    with Model(models["random"]) as m, Context(m, n_ctx=256) as c:
+    with Model(models["random"]) as m, Context(m, n_ctx=256, **ROT_FLOAT) as c:
         b = c.greedy(tokens[:20], 12)
     assert sum(x == y for x, y in zip(a, b)) >= 10
 
@@ -105,7 +106,7 @@ def test_rotated_model_generates_like_the_plain_one(models, tokens):
 def test_k_shift_with_a_non_symmetric_rotation(models, tokens, which):
     """A cache shifted by +17 positions must attend like one built at the shifted positions."""
     name = ATTN0 if which == "plain" else ATTN0_UNROT
-    kw = dict(type_k="f32", type_v="f32", n_ctx=256)
+    kw = dict(type_k="f32", type_v="f32", n_ctx=256, **ROT_FLOAT)
     with Model(models[which]) as m:
         with Context(m, capture=[name], **kw) as c:
             c.decode(tokens[:60])
@@ -229,7 +230,7 @@ def test_convert_refusals(src_copy, tmp_path):
 def test_convert_refuses_an_mla_model(tmp_path):
     """DeepSeek-style latent attention: llama.cpp would refuse the rotations at load, so
     oscar-convert refuses first, even with orthogonal rotations of the cache's row sizes."""
-    from oscar_gguf.fuzz import random_orthogonal, write_tiny_mla_model
+    from gguf_fixtures import write_tiny_mla_model
     src = write_tiny_mla_model(tmp_path / "mla.gguf")
     info = read_model_info(src)
     assert info.latent_attention and info.arch == "deepseek2"

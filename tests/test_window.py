@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gguf_fixtures import PROMPT, with_rotations
-from oscar_gguf.lowlevel import Context, LlamaError, Model
+from oscar_gguf.format.gguf_read import model_info
+from oscar_gguf.llama_context import Context, LlamaError, Model
 from oscar_gguf.runtime import LlamaServer, run_tool
 
 ATTN0 = "kqv_out_unrot-0"
@@ -330,16 +331,32 @@ def test_window_settings_are_checked(model):
             Context(m, n_ctx=256, oscar_sink=200, oscar_recent=200, **OSCAR)  # larger than the context
 
 
+# the window store pads its slots to this many rows (HP_PAD in llama-oscar-window.cpp)
+WINDOW_ROW_PAD = 256
+
+
 def test_window_memory_is_in_the_kv_log(model, n_threads):
-    r = run_tool("llama-cli", ["-m", model, "-p", "Hi", "-n", "1", "-c", "1024", "-ctk", "oscar2", "-ctv", "oscar2",
-                               "-fa", "on", "-st", "-lv", "4", "-t", n_threads], timeout=300, check=False)
+    n_ctx, n_ubatch = 1024, 512
+    r = run_tool("llama-cli", ["-m", model, "-p", "Hi", "-n", "1", "-c", n_ctx, "-ub", n_ubatch, "-ctk", "oscar2",
+                               "-ctv", "oscar2", "-fa", "on", "-st", "-lv", "4", "-t", n_threads],
+                 timeout=300, check=False)
     log = r.stdout + r.stderr
-    assert r.returncode == 0
-    assert "oscar window buffer size" in log
-    # S + R slots per sequence plus one ubatch (a prefill query reads the R positions before it
-    # from f16 too), stored as rows padded to 256 plus one trash row:
-    # 64 + 256 + 512 = 832 slots -> 1025 rows x 30 layers x (K + V) x 192 values x 2 bytes = 22.52 MiB
-    assert "sink 64 + recent 256" in log and "832 slots (1025 rows)" in log and "22.52 MiB" in log
+    assert r.returncode == 0, log[-2000:]
+    # the model's default window; S + R slots per sequence plus one ubatch (a prefill query reads
+    # the R positions before it from f16 too), stored as rows padded to WINDOW_ROW_PAD plus one
+    # trash row, per layer a K and a V row of n_head_kv x head_dim f16 values
+    info = model_info(model)
+    sink, recent = info.window_sink, info.window_recent
+    slots = min(n_ctx, sink + recent + n_ubatch)
+    rows = -(-slots // WINDOW_ROW_PAD) * WINDOW_ROW_PAD + 1
+    mib = rows * info.n_layer * info.n_head_kv * (info.head_dim_k + info.head_dim_v) * 2 / 2**20
+    m = re.search(r"oscar window: sink (\d+) \+ recent (\d+) tokens per sequence in f16, (\d+) slots \((\d+) rows\) "
+                  r"x 1 stream\(s\), ([0-9.]+) MiB", log)
+    assert m, log[-2000:]
+    assert tuple(map(int, m.groups()[:4])) == (sink, recent, slots, rows)
+    assert float(m.group(5)) == pytest.approx(mib, abs=0.005)
+    buffers = re.findall(r"oscar window buffer size =\s*([0-9.]+) MiB", log)
+    assert buffers and sum(map(float, buffers)) == pytest.approx(mib, abs=0.01)
 
 
 def test_compute_buffers_are_reserved_for_a_full_window(model, n_threads):

@@ -26,8 +26,9 @@ struct llama_oscar_window; // llama-oscar-window.h
 struct llama_oscar_kv {
     llama_oscar_rot_mode rot_mode = LLAMA_OSCAR_ROT_GGUF;
 
-    // rotations for f16/bf16/f32 layers too (env OSCAR_ROT_FLOAT_CACHE=1): no quality change and
-    // slower, but it lets tests check the rotation wiring exactly, with no quantization in between
+    // rotations for f16/bf16/f32 layers too (llama_context_params::oscar_rot_float): no quality
+    // change and slower, but it lets tests check the rotation wiring exactly, with no
+    // quantization in between
     bool rot_float = false;
 
     // clip ratios by model layer index

@@ -1,4 +1,6 @@
-// llama-oscar-window.cpp: the high-precision sink + recent window (design in llama-oscar-window.h).
+// llama-oscar-window.cpp: the high-precision sink + recent window (design in
+// llama-oscar-window.h): its configuration, its slots, truncation, stream copy and state. Its part
+// of the graph is in llama-oscar-window-graph.cpp.
 
 #include "llama-oscar-window.h"
 
@@ -6,13 +8,9 @@
 #include "llama-io.h"
 #include "llama-model.h"
 #include "llama-batch.h"
-#include "llama-graph.h"
 #include "llama-cparams.h"
 
-#include "../oscar2-ops.h"
-
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -39,9 +37,6 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
     if (!oscar || !llama_oscar_cache_is_oscar2(kv)) {
         return; // the window only makes sense next to an INT2 cache
     }
-    if (llama_oscar_kv_access::swa_type(kv) != LLAMA_SWA_TYPE_NONE) {
-        return; // a sliding-window cache holds n_swa + n_ubatch cells: no room for a window
-    }
     const auto & hp = model.hparams;
     const uint32_t sink0   = cparams.oscar_sink   >= 0 ? (uint32_t) cparams.oscar_sink   : hp.oscar_sink;
     const uint32_t recent0 = cparams.oscar_recent >= 0 ? (uint32_t) cparams.oscar_recent : hp.oscar_recent;
@@ -53,7 +48,12 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
     const uint32_t kv_size = kv.get_size();
     uint32_t sink   = sink0;
     uint32_t recent = recent0;
-    if ((uint64_t) sink + recent > kv_size) {
+    // A sliding-window cache is oscar2 only when it is full-size (--swa-full, see
+    // llama_oscar_swa_cache_type). It keeps the same sink and recent as the other layers, so that
+    // every layer reads the same positions in f16 (what `oscar simulate` models), and the mask of its
+    // cache columns carries the sliding window over to the window columns.
+    const bool swa = llama_oscar_kv_access::swa_type(kv) != LLAMA_SWA_TYPE_NONE;
+    if (!swa && (uint64_t) sink + recent > kv_size) {
         if (explicit_size) {
             throw std::runtime_error("oscar: the high-precision window (sink " + std::to_string(sink) + " + recent " +
                     std::to_string(recent) + " tokens) is larger than the context (" + std::to_string(kv_size) +
@@ -135,17 +135,6 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
 
 // ---- membership -------------------------------------------------------------------------
 
-// Whether a query at position q reads the cached position p from the window: p is in the
-// sink, or among the R positions up to q. The window is the query's, not the sequence's, so
-// a token sees the same stores whether the prompt came in one ubatch, several, or one token
-// at a time (at decode the query is the sequence's last position, and both views agree).
-static bool in_window(const llama_oscar_window & w, llama_pos p, llama_pos q) {
-    if (p < (llama_pos) w.sink) {
-        return true;
-    }
-    return w.recent > 0 && (int64_t) p > (int64_t) q - (int64_t) w.recent;
-}
-
 // first_q[s]: the earliest query position of sequence s that attention will still run,
 // i.e. its first token in the ubatch being applied, else the position after its last one
 static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c,
@@ -156,7 +145,7 @@ static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cell
     const llama_pos p = cells.pos_get(c);
     for (llama_seq_id s = 0; s < (llama_seq_id) first_q.size(); ++s) {
         // a cell is needed while some query at first_q or later reads it: p > first_q - R
-        if (cells.seq_has(c, s) && in_window(w, p, first_q[s])) {
+        if (cells.seq_has(c, s) && llama_oscar_window_reads(w, p, first_q[s])) {
             return true;
         }
     }
@@ -275,6 +264,11 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
     update_n_hp(*w);
 }
 
+ggml_type llama_oscar_swa_cache_type(ggml_type type, bool swa_full) {
+    const bool oscar2 = type == GGML_TYPE_OSCAR2 || type == GGML_TYPE_OSCAR2_64;
+    return oscar2 && !swa_full ? GGML_TYPE_F16 : type;
+}
+
 void llama_oscar_window_clear(llama_kv_cache & kv) {
     llama_oscar_window * w = window_mut(kv);
     if (!w) {
@@ -292,24 +286,6 @@ void llama_oscar_window_clear(llama_kv_cache & kv) {
         st.high = 0;
     }
     w->n_hp_cur = 0;
-}
-
-// The window rows a graph built for mctx reads (and its mask's extra columns). A reserve graph
-// (the whole cache, no ubatch) takes every row the window can hold, not the rows in use now:
-// the buffers are sized by the reserve, and a graph larger than it makes the scheduler reallocate
-// them when it runs. With the rows in use (none in a fresh context) every prefill that filled
-// the window further did so: 20 ms a time for the pinned input buffer alone (CUPTI trace, H100,
-// 512 tokens at depth 16384), a quarter of the ubatch.
-static uint32_t graph_rows(const llama_oscar_window & w, const llama_kv_cache_context & mctx) {
-    return mctx.is_full_reserve() ? w.n_pad : w.n_hp_cur;
-}
-
-uint32_t llama_oscar_window_n_hp(const llama_kv_cache_context * mctx) {
-    if (!mctx || !mctx->get_kv()) {
-        return 0;
-    }
-    const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
-    return w ? graph_rows(*w, *mctx) : 0;
 }
 
 bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
@@ -341,7 +317,7 @@ bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq
                 continue;
             }
             const llama_pos pos = cells.pos_get(c);
-            if (pos >= p0 || !in_window(*w, pos, p0)) {
+            if (pos >= p0 || !llama_oscar_window_reads(*w, pos, p0)) {
                 continue;
             }
             for (llama_seq_id s : truncated) {
@@ -352,240 +328,6 @@ bool llama_oscar_window_can_truncate(const llama_kv_cache & kv, llama_seq_id seq
         }
     }
     return true;
-}
-
-// ---- graph: inputs, writes, views -------------------------------------------------------------
-
-struct llama_oscar_window_inputs {
-    const llama_kv_cache_context * mctx = nullptr;
-    ggml_tensor * idxs = nullptr; // I64 [n_tokens]: global window row of each token (or the trash row)
-};
-
-std::shared_ptr<llama_oscar_window_inputs> llama_oscar_window_build_inputs(ggml_context * ctx,
-        const llama_kv_cache_context * mctx, const llama_ubatch & ubatch) {
-    if (!mctx || !mctx->get_kv() || !llama_oscar_window_of(*mctx->get_kv())) {
-        return nullptr;
-    }
-    auto inp = std::make_shared<llama_oscar_window_inputs>();
-    inp->mctx = mctx;
-    inp->idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, ubatch.n_tokens);
-    ggml_set_input(inp->idxs);
-    ggml_set_name(inp->idxs, "oscar_window_idxs");
-    return inp;
-}
-
-void llama_oscar_window_set_inputs(llama_oscar_window_inputs * inp, const llama_kv_cache_context * mctx, const llama_ubatch * ubatch) {
-    if (!inp || !inp->idxs || !inp->idxs->buffer) {
-        return;
-    }
-    inp->mctx = mctx;
-    const llama_oscar_window * w = llama_oscar_window_of(*mctx->get_kv());
-    GGML_ASSERT(w && ggml_backend_buffer_is_host(inp->idxs->buffer));
-    const auto & sinfo = mctx->get_sinfo();
-    GGML_ASSERT((int64_t) ubatch->n_tokens == (int64_t) sinfo.size()*sinfo.n_stream());
-    int64_t * data = (int64_t *) inp->idxs->data;
-    for (uint32_t s = 0; s < sinfo.n_stream(); ++s) {
-        const uint32_t strm = sinfo.strm[s];
-        const auto & st = w->streams[strm];
-        for (uint32_t i = 0; i < sinfo.size(); ++i) {
-            const int32_t slot = st.cell_slot[sinfo.idxs[s][i]];
-            data[s*sinfo.size() + i] = (int64_t) strm*w->n_rows() + (slot >= 0 ? (uint32_t) slot : w->trash());
-        }
-    }
-}
-
-bool llama_oscar_window_can_reuse(const llama_oscar_window_inputs * inp, const llama_ubatch & ubatch) {
-    return !inp || (inp->idxs && inp->idxs->ne[0] == ubatch.n_tokens);
-}
-
-static ggml_tensor * store_one(ggml_context * ctx, ggml_tensor * dst, ggml_tensor * cur, ggml_tensor * idxs) {
-    const int64_t n_embd_gqa = cur->ne[0]*cur->ne[1];
-    const int64_t n_tokens   = cur->ne[2];
-    if (!ggml_is_contiguous(cur)) {
-        cur = ggml_cont(ctx, cur);
-    }
-    cur = ggml_reshape_2d(ctx, cur, n_embd_gqa, n_tokens);
-    GGML_ASSERT(n_embd_gqa <= dst->ne[0]);
-    ggml_tensor * dst2 = ggml_view_2d(ctx, dst, n_embd_gqa, dst->ne[1]*dst->ne[2], dst->nb[1], 0);
-    return ggml_set_rows(ctx, dst2, cur, idxs);
-}
-
-void llama_oscar_window_store(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx,
-        const llama_oscar_window_inputs * inp, ggml_tensor * k_cur, ggml_tensor * v_cur, int32_t il) {
-    if (!inp || !mctx) {
-        return;
-    }
-    const llama_kv_cache & kv = *mctx->get_kv();
-    const llama_oscar_window * w = llama_oscar_window_of(kv);
-    if (!w) {
-        return;
-    }
-    const int32_t ikv = llama_oscar_kv_access::map_layer_ids(kv).at(il);
-    if (k_cur) {
-        ggml_build_forward_expand(gf, store_one(ctx, w->k[ikv], k_cur, inp->idxs));
-    }
-    if (v_cur) {
-        ggml_build_forward_expand(gf, store_one(ctx, w->v[ikv], v_cur, inp->idxs));
-    }
-}
-
-llama_oscar_fa_window llama_oscar_window_views(ggml_context * ctx, ggml_cgraph * gf, const llama_kv_cache_context * mctx, int32_t il) {
-    llama_oscar_fa_window res;
-    if (!mctx || !mctx->get_kv()) {
-        return res;
-    }
-    const llama_kv_cache & kv = *mctx->get_kv();
-    const llama_oscar_window * w = llama_oscar_window_of(kv);
-    const uint32_t n_hp = w ? graph_rows(*w, *mctx) : 0;
-    if (n_hp == 0) {
-        return res;
-    }
-    const auto & hp = llama_oscar_kv_access::model(kv).hparams;
-    const int32_t ikv = llama_oscar_kv_access::map_layer_ids(kv).at(il);
-    const auto & sinfo = mctx->get_sinfo();
-    const uint32_t ns = sinfo.s1 - sinfo.s0 + 1;
-    auto view = [&](ggml_tensor * t, int64_t d, int64_t n_head) {
-        return ggml_view_4d(ctx, t, d, n_hp, n_head, ns,
-                t->nb[1], ggml_row_size(t->type, d), t->nb[2], t->nb[2]*sinfo.s0);
-    };
-    res.k = view(w->k[ikv], hp.n_embd_head_k(il), hp.n_head_kv(il));
-    res.v = view(w->v[ikv], hp.n_embd_head_v(il), hp.n_head_kv(il));
-    // in the graph before the attention node, so that the scheduler sees them as its inputs
-    ggml_build_forward_expand(gf, res.k);
-    ggml_build_forward_expand(gf, res.v);
-    return res;
-}
-
-void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w) {
-    if (fa && w.k && w.v) {
-        ggml_flash_attn_ext_add_window(fa, w.k, w.v);
-    }
-}
-
-// ---- mask ---------------------------------------------------------------------------------------
-
-// The mask of the cache was built by llama.cpp into the first n_kv columns of each row of dst
-// (rows of W = n_kv + n_hp columns: patch 0011 gives it the row stride); the window's columns
-// are filled in here: a cache column whose position is read from the window is dropped, and the
-// window column of its slot takes its value. Only cells that own a window slot can change
-// (slot_cell and cell_slot change only as pairs, in alloc_slot/free_slot), so they are listed
-// once per stream and each row gets a few hundred patches (per element work made a 512-token
-// prefill at 32k cells ~50 ms slower). Why the stride: the first version built rows of n_kv and
-// moved each to its place, a second pass over the whole mask (36 MB at 16k cells and 512 tokens).
-template <typename T>
-static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
-        int64_t n_kv, ggml_tensor * dst) {
-    const auto & v_cells       = llama_oscar_kv_access::cells(kv);
-    const auto & seq_to_stream = llama_oscar_kv_access::seq_to_stream(kv);
-    const int64_t W    = dst->ne[0];
-    const int64_t n_hp = W - n_kv;
-    T * data = (T *) dst->data;
-    const T drop = llama_cast<T>(-INFINITY);
-
-    struct owner { int64_t k; int64_t c; llama_pos pos; }; // window slot k, its cell c
-    std::vector<std::vector<owner>> per_stream(v_cells.size());
-    std::vector<bool> built(v_cells.size(), false);
-    auto owners_of = [&](uint32_t strm) -> const std::vector<owner> & {
-        if (!built[strm]) {
-            const auto & cells = v_cells[strm];
-            const auto & st    = w.streams[strm];
-            const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots); // padding rows are never visible
-            for (int64_t k = 0; k < n_k; ++k) {
-                const int32_t c = st.slot_cell[k];
-                if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
-                    per_stream[strm].push_back({ k, c, cells.pos_get(c) });
-                }
-            }
-            built[strm] = true;
-        }
-        return per_stream[strm];
-    };
-
-    for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
-        const llama_pos q = ubatch->pos[i];
-        T * row = data + i*W;
-        std::fill(row + n_kv, row + W, drop);
-        for (const owner & e : owners_of(seq_to_stream[ubatch->seq_id[i][0]])) {
-            if (in_window(w, e.pos, q)) {
-                row[n_kv + e.k] = row[e.c];
-                row[e.c] = drop;
-            }
-        }
-    }
-}
-
-int64_t llama_oscar_window_mask_cols(const llama_kv_cache & kv, const ggml_tensor * dst) {
-    const llama_oscar_window * w = llama_oscar_window_of(kv);
-    if (!w || w->n_hp_cur == 0) {
-        return 0;
-    }
-    GGML_ASSERT(dst->ne[0] > (int64_t) w->n_hp_cur);
-    return w->n_hp_cur;
-}
-
-void llama_oscar_window_fill_mask(const llama_kv_cache & kv, ggml_tensor * dst, const llama_ubatch * ubatch, int64_t n_kv) {
-    const llama_oscar_window * w = llama_oscar_window_of(kv);
-    GGML_ASSERT(w);
-    if (dst->type == GGML_TYPE_F16) {
-        fill_mask<ggml_fp16_t>(kv, *w, ubatch, n_kv, dst);
-    } else {
-        fill_mask<float>(kv, *w, ubatch, n_kv, dst);
-    }
-}
-
-// ---- K shift ------------------------------------------------------------------------------------
-
-// per window row: the RoPE shift of the cell that owns it (0 for free and trash rows)
-class llama_oscar_window_shift_input : public llm_graph_input_i {
-public:
-    llama_oscar_window_shift_input(const llama_kv_cache & kv) : kv(kv) {}
-    void set_input(const llama_ubatch * ubatch) override {
-        GGML_UNUSED(ubatch);
-        const llama_oscar_window * w = llama_oscar_window_of(kv);
-        GGML_ASSERT(ggml_backend_buffer_is_host(shift->buffer));
-        int32_t * data = (int32_t *) shift->data;
-        const auto & v_cells = llama_oscar_kv_access::cells(kv);
-        for (uint32_t s = 0; s < w->streams.size(); ++s) {
-            const auto & st = w->streams[s];
-            for (uint32_t r = 0; r < w->n_rows(); ++r) {
-                const int32_t c = r < w->n_slots ? st.slot_cell[r] : -1;
-                data[s*w->n_rows() + r] = (c >= 0 && !v_cells[s].is_empty(c)) ? v_cells[s].get_shift(c) : 0;
-            }
-        }
-    }
-    ggml_tensor * shift = nullptr; // I32 [n_rows*n_stream]
-    const llama_kv_cache & kv;
-};
-
-void llama_oscar_window_build_shift(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, const llama_kv_cache & kv,
-        const llama_cparams & cparams, ggml_tensor * k_rot) {
-    const llama_oscar_window * w = llama_oscar_window_of(kv);
-    if (!w) {
-        return;
-    }
-    const llama_model & model = llama_oscar_kv_access::model(kv);
-    const auto & hp = model.hparams;
-    auto inp = std::make_unique<llama_oscar_window_shift_input>(kv);
-    inp->shift = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) w->n_rows()*w->streams.size());
-    ggml_set_input(inp->shift);
-
-    const auto & layers = llama_oscar_kv_access::layers(kv);
-    for (size_t ikv = 0; ikv < layers.size(); ++ikv) {
-        const uint32_t il = layers[ikv].il;
-        if (!hp.has_rope(il)) {
-            continue;
-        }
-        ggml_tensor * t = w->k[ikv];
-        const int64_t d = hp.n_embd_head_k(il);
-        // whole heads: the rows are stored rotated, so the shift un-rotates, ropes and re-rotates
-        ggml_tensor * k = ggml_view_3d(ctx, t, d, hp.n_head_kv(il), t->ne[1]*t->ne[2],
-                ggml_row_size(t->type, d), t->nb[1], 0);
-        ggml_tensor * cur = llama_oscar_kv_access::rope_shift(kv, cparams, ctx, k, inp->shift, k_rot,
-                model.get_rope_factors(cparams, il), model.get_rope_freq_base(cparams, il),
-                model.get_rope_freq_scale(cparams, il), il);
-        ggml_build_forward_expand(gf, cur);
-    }
-    res->add_input(std::move(inp));
 }
 
 // ---- stream copy (seq_cp across streams) ------------------------------------------------------
@@ -613,8 +355,8 @@ void llama_oscar_window_copy_stream(llama_kv_cache & kv, uint32_t ssrc, uint32_t
 static const uint32_t WINDOW_STATE_MAGIC = 0x5743534f; // "OSCW"
 
 // (first slot, count) runs of rows whose slots follow one another, so that each run is one tensor
-// copy: row by row, a GPU window cost one device copy of about 2 KB per row, layer and kind
-// (53,386 of them, about 0.75 s, for llama-bench's state at depth 16384 on the H100)
+// copy: row by row, a GPU window would cost one device copy of about 2 KB per row, layer and kind
+// (53,386 of them, about 0.75 s, for llama-bench's state at depth 16384 on an H100)
 static std::vector<std::pair<uint32_t, uint32_t>> slot_runs(const std::vector<uint32_t> & slots) {
     std::vector<std::pair<uint32_t, uint32_t>> runs;
     for (uint32_t s : slots) {

@@ -21,8 +21,8 @@
 // the truncation (llama_oscar_window_can_truncate) and the caller starts the sequence over,
 // as it does for caches that cannot remove part of a sequence.
 //
-// Reading. Flash attention gets the used slot range as extra rows (src[5]/src[6]) and the
-// mask grows by as many columns. A query at position q reads a cell from the window iff the
+// Reading. Flash attention gets the used slot range as extra rows (ggml_flash_attn_ext_add_window)
+// and the mask grows by as many columns. A query at position q reads a cell from the window iff the
 // cell has a slot and its position p is in the query's window (p < S, or q - R < p); then its
 // cache column is -inf and its window column carries the cell's usual mask value. Otherwise
 // the reverse. One online softmax, each position once, per query exact even when sequences
@@ -81,4 +81,15 @@ struct llama_oscar_window {
 
 // the window of a cache, or null
 const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv);
+
+// Whether a query at position q reads the cached position p from the window: p is in the
+// sink, or among the R positions up to q. The window is the query's, not the sequence's, so
+// a token sees the same stores whether the prompt came in one ubatch, several, or one token
+// at a time (at decode the query is the sequence's last position, and both views agree).
+inline bool llama_oscar_window_reads(const llama_oscar_window & w, llama_pos p, llama_pos q) {
+    if (p < (llama_pos) w.sink) {
+        return true;
+    }
+    return w.recent > 0 && (int64_t) p > (int64_t) q - (int64_t) w.recent;
+}
 

@@ -8,7 +8,7 @@
 //                   llama_oscar_configure_memory    clip ratios, rotation source, window
 //   graph           llama_oscar_rotate_k / rotate_q / rotate_v / unrotate_out  (build_attn)
 //                   llama_oscar_k_rot + llama_oscar_rotate (K shift: un-rotate, RoPE, re-rotate)
-//                   llama_oscar_tag_clip            clip ratio into set_rows / cpy op_params
+//                   llama_oscar_with_clip           the layer's clip ratio on set_rows / cpy
 
 #include "llama-oscar.h"
 #include "llama-oscar-kv.h"
@@ -25,11 +25,10 @@
 #include "ggml-backend.h"
 
 #include "../oscar2.h"
+#include "../oscar2-ops.h"
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -43,9 +42,9 @@ const char * llama_oscar_patchset_version(void) {
 }
 
 int32_t llama_oscar_context_params_echo(struct llama_context_params p, char * buf, size_t size) {
-    return snprintf(buf, size, "sink=%d recent=%d window_type=%d rot=%d clip_k=%g clip_v=%g strict=%d n_ctx=%u type_k=%d",
+    return snprintf(buf, size, "sink=%d recent=%d window_type=%d rot=%d clip_k=%g clip_v=%g strict=%d rot_float=%d n_ctx=%u type_k=%d",
             p.oscar_sink, p.oscar_recent, (int) p.oscar_window_type, p.oscar_rot, p.oscar_clip_k, p.oscar_clip_v,
-            (int) p.oscar_strict, p.n_ctx, (int) p.type_k);
+            (int) p.oscar_strict, (int) p.oscar_rot_float, p.n_ctx, (int) p.type_k);
 }
 
 // ---- model load -----------------------------------------------------------------------------
@@ -145,6 +144,10 @@ bool llama_oscar_arch_takes_rotations(const llama_model & model) {
     }
 }
 
+// the largest entry of |R^T R - I| a rotation may have; oscar_gguf/format/rotations.py applies the
+// same norm and limit before it writes one (float32 rounding of an orthogonal matrix stays near 1e-6)
+static const double OSCAR_ORTHOGONALITY_LIMIT = 1e-4;
+
 static void check_rotation(const ggml_tensor * t) {
     const int64_t d = t->ne[0];
     std::vector<float> r(d*d);
@@ -167,9 +170,9 @@ static void check_rotation(const ggml_tensor * t) {
             err = std::max(err, std::fabs(s - (a == b ? 1.0 : 0.0)));
         }
     }
-    if (err > 1e-3) {
+    if (err > OSCAR_ORTHOGONALITY_LIMIT) {
         throw std::runtime_error(std::string("oscar: rotation ") + ggml_get_name(t) +
-                " is not orthogonal (max |R^T R - I| = " + std::to_string(err) + ")");
+                " is not orthogonal (max |R^T R - I| = " + std::to_string(err) + " > 1e-4)");
     }
 }
 
@@ -261,6 +264,7 @@ void llama_oscar_copy_cparams(const llama_context_params & params, llama_cparams
     cparams.oscar_clip_k      = params.oscar_clip_k;
     cparams.oscar_clip_v      = params.oscar_clip_v;
     cparams.oscar_strict      = params.oscar_strict;
+    cparams.oscar_rot_float   = params.oscar_rot_float;
 }
 
 static bool model_has_rotations(const llama_model & model) {
@@ -348,9 +352,8 @@ static void configure_cache(llama_kv_cache & kv, const llama_model & model, cons
     auto oscar = std::make_shared<llama_oscar_kv>();
     const auto & hp = model.hparams;
 
-    oscar->rot_mode = (llama_oscar_rot_mode) cparams.oscar_rot;
-    const char * rot_float = getenv("OSCAR_ROT_FLOAT_CACHE");
-    oscar->rot_float = rot_float && atoi(rot_float) != 0;
+    oscar->rot_mode  = (llama_oscar_rot_mode) cparams.oscar_rot;
+    oscar->rot_float = cparams.oscar_rot_float;
     oscar->clip_k.resize(hp.n_layer_all);
     oscar->clip_v.resize(hp.n_layer_all);
     for (uint32_t il = 0; il < hp.n_layer_all; ++il) {
@@ -419,10 +422,9 @@ float llama_oscar_layer_clip(const llama_kv_cache & kv, int32_t il, bool v) {
     return v ? OSCAR2_DEFAULT_CLIP_V : OSCAR2_DEFAULT_CLIP_K;
 }
 
-ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip) {
+ggml_tensor * llama_oscar_with_clip(ggml_tensor * node, float clip) {
     if (node && oscar2_is_type(node->type)) {
-        // op_params[0] as float; 0 would mean "no clipping"
-        memcpy(node->op_params, &clip, sizeof(float));
+        ggml_oscar2_set_clip(node, clip);
     }
     return node;
 }
@@ -475,8 +477,8 @@ ggml_tensor * llama_oscar_rotate(ggml_context * ctx, ggml_tensor * x, const llam
     // inverse); for x @ R we multiply by R^T, made once per context (or here, when there is none)
     ggml_tensor * a = inverse ? rot.r : rot.rt ? rot.rt : ggml_cont(ctx, ggml_transpose(ctx, rot.r));
     ggml_tensor * y = ggml_mul_mat(ctx, a, x2);
-    const int32_t tag = OSCAR2_ROTATION_TAG;
-    memcpy(y->op_params, &tag, sizeof(tag));
+    // a plain matmul to any backend; the CUDA one takes it with its rotation kernels
+    ggml_mul_mat_set_hint(y, GGML_HINT_SRC0_IS_OSCAR_ROTATION);
     return ggml_reshape_4d(ctx, y, x->ne[0], x->ne[1], x->ne[2], x->ne[3]);
 }
 

@@ -1,10 +1,40 @@
 // llama-oscar.h: libllama-internal entry points of oscar-gguf.
 //
-// The patches in llama.cpp/patches call these from llama-model.cpp, llama-context.cpp,
-// llama-kv-cache.cpp and llama-graph.cpp; all the logic lives in llama-oscar.cpp (and
-// llama-oscar-window.cpp for the high-precision window), so that the patches stay small.
+// All the logic lives in llama-oscar.cpp (and llama-oscar-window.cpp, llama-oscar-window-graph.cpp
+// for the high-precision window); the patches in llama.cpp/patches add only the calls below and
+// the fields they need.
+// Where upstream calls us (file: function -> entry point), by patch:
 //
-// Names shared with the Python side (oscar_gguf/gguf_keys.py):
+//   llama: the oscar2 KV cache
+//     llama.h             declares llama_oscar_patchset_version, llama_oscar_context_params_echo
+//                         (defined in llama-oscar.cpp) and the oscar_* context parameters
+//     llama-context.cpp   llama_init_from_model   -> llama_oscar_resolve_cache_types
+//                         llama_context()         -> llama_oscar_copy_cparams, llama_oscar_configure_memory
+//     llama-model.cpp     load_hparams            -> llama_oscar_load_hparams
+//     llama-kv-cache.cpp  cpy_k, cpy_v, build_rope_shift -> llama_oscar_with_clip, llama_oscar_layer_clip
+//     llama-kv-cache.h    llama_kv_cache: member oscar, friend llama_oscar_kv_access (llama-oscar-kv.h)
+//   llama: calibrated KV rotations
+//     llama-model.cpp     load_tensors            -> llama_oscar_arch_takes_rotations,
+//                                                    llama_oscar_validate_rotations
+//     llama-graph.cpp     build_attn (kv, iswa)   -> llama_oscar_rotate_k, _q, _v, llama_oscar_unrotate_out
+//     llama-kv-cache.cpp  build_rope_shift        -> llama_oscar_k_rot, llama_oscar_rotate
+//                         build_graph_shift       -> llama_oscar_k_rot (a rotated cache shifts whole heads)
+//   llama: high-precision window (llama_oscar_window_*)
+//     llama-kv-cache.cpp  clear, seq_rm, update, set_input_kq_mask, build_graph_shift, state_write,
+//                         state_read_sinfo, llama_kv_cache_context::apply
+//                                                 -> _clear, _can_truncate, _copy_stream, _mask_cols and
+//                                                    _fill_mask, _build_shift, _state_write, _state_read, _apply
+//     llama-kv-cache-iswa.cpp, llama-memory-hybrid.cpp, llama-memory-hybrid-iswa.cpp
+//                         seq_rm                  -> _can_truncate (asked before anything is removed)
+//     llama-graph.cpp     build_attn_inp_kq_mask, can_reuse_kq_mask -> _n_hp (the mask's window columns)
+//                         set_input, can_reuse of the attention inputs -> _set_inputs, _can_reuse
+//                         build_attn_inp_kv_impl, build_attn_inp_kv_iswa, build_inp_mem_hybrid_iswa
+//                                                 -> _build_inputs
+//                         build_attn (kv, iswa)   -> _store, _views; build_attn_mha -> _attach
+//   tools: common/arg.cpp, common/common.cpp, llama-bench.cpp -> oscar-args.h
+// (The ggml patches' hooks are mapped in ../oscar2-ops.h, ../oscar2-cpu.h and ../cuda/oscar2-cuda.cuh.)
+//
+// Names shared with the Python side (oscar_gguf/format/gguf_keys.py):
 //   tensors  blk.{i}.attn_k_rot, blk.{i}.attn_v_rot   f32 [d, d], row-major R, x_rot = x @ R
 //   keys     oscar.format_version, oscar.group_size, oscar.clip_k, oscar.clip_v,
 //            oscar.window.sink, oscar.window.recent, oscar.rope_layout
@@ -66,9 +96,9 @@ void llama_oscar_configure_memory(llama_memory_i * memory, const llama_model & m
 // Clip ratio for writes of model layer il into an oscar2 K (v = false) or V (v = true) cache.
 float llama_oscar_layer_clip(const llama_kv_cache & kv, int32_t il, bool v);
 
-// Tag a set_rows / cpy node that writes into an oscar2 tensor with its clip ratio
-// (op_params[0]; no backend reads set_rows or cpy params otherwise). Other types pass through.
-ggml_tensor * llama_oscar_tag_clip(ggml_tensor * node, float clip);
+// node, a set_rows / cpy into the cache, with its clip ratio when it writes into an oscar2
+// tensor (ggml_oscar2_set_clip); other types pass through unchanged
+ggml_tensor * llama_oscar_with_clip(ggml_tensor * node, float clip);
 
 // ---- rotations in the graph ------------------------------------------------------------------
 
@@ -106,7 +136,7 @@ ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_
 
 struct llama_oscar_kv; // owned by llama_kv_cache (shared_ptr member "oscar")
 
-// ---- high-precision window (llama-oscar-window.cpp; design in llama-oscar-window.h) ---------
+// ---- high-precision window (llama-oscar-window*.cpp; design in llama-oscar-window.h) --------
 
 struct llama_oscar_window_inputs; // per graph: where each token of the ubatch goes in the window
 
@@ -115,6 +145,12 @@ struct llama_oscar_fa_window {
     ggml_tensor * k = nullptr;
     ggml_tensor * v = nullptr;
 };
+
+// llama_kv_cache_iswa: the type of its sliding-window cache for a requested type. That cache holds
+// n_swa + n_ubatch cells per sequence, and the window (sink + recent + one ubatch) would cover most
+// of them, so INT2 would save little memory and cost quality: next to oscar2 it stays f16. A
+// full-size one (swa_full) grows with the context like the base cache and keeps the requested type.
+ggml_type llama_oscar_swa_cache_type(ggml_type type, bool swa_full);
 
 // llama_kv_cache_context::apply(): assign window slots for the ubatch just applied
 void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context & mctx);

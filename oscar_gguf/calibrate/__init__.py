@@ -14,19 +14,18 @@ Python API, in the spirit of optimum-quanto's calibration context:
                 hf_model(ids)
     save_artifact("rot.safetensors", cal.result())
 
-Method: DESIGN.md section 1 (K covariance "qqt", V covariance "sst", R = U·H_d·P_br).
+Method: docs/design.md §1 (K covariance "qqt", V covariance "sst", R = U·H_d·P_br).
 """
 from __future__ import annotations
 
 import os
 
-from ..gguf_keys import DEFAULT_RECENT, DEFAULT_SINK
+from ..format.gguf_keys import DEFAULT_WINDOW
 from .artifact import RotationArtifact, load_artifact, save_artifact
-from .fit import hadamard, oscar_rotation
+from .oscar_rotation import hadamard, oscar_rotation
 from .rotationzoo import import_rotationzoo
 
-DEFAULT_WINDOW = (DEFAULT_SINK, DEFAULT_RECENT)
-_LAZY = {"Calibrator": "calibrator", "CalibrationState": "calibrator", "ModelInfo": "calibrator",
+_LAZY = {"Calibrator": "calibrator", "CalibrationState": "calibrator", "ArtifactSource": "calibrator",
          "FIXED_CLIPS": "clip", "clip_grid": "clip"}
 
 
@@ -38,7 +37,7 @@ def __getattr__(name):
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["calibrate", "Calibrator", "CalibrationState", "ModelInfo", "RotationArtifact", "load_artifact",
+__all__ = ["calibrate", "Calibrator", "CalibrationState", "ArtifactSource", "RotationArtifact", "load_artifact",
            "save_artifact", "import_rotationzoo", "oscar_rotation", "hadamard", "clip_grid",
            "DEFAULT_WINDOW", "FIXED_CLIPS"]
 
@@ -54,7 +53,7 @@ def calibrate(model, *, text=None, tokens: int = 32768, seq_len: int | None = No
     for the bundled corpus. clip: "search" (per-layer, on held-out chunks) or "fixed"
     (0.96 / 0.92). window: the (sink, recent) tokens the runtime keeps in f16, which the clip
     search leaves out of its objectives. rotation: "key-eigen-dc" (default), "learned",
-    "hadamard" or "oscar" (DESIGN.md section 1 exactly); see rotations.py for what each is and
+    "hadamard" or "oscar" (docs/design.md §1 exactly); see rotations.py for what each is and
     what it measured.
     """
     if isinstance(model, (str, os.PathLike)):

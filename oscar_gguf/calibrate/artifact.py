@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_path
+from ..format.rotations import rotation_problem
 from . import layout
 
 FORMAT_VERSION = "1"
 ROPE_LAYOUTS = ("hf", "llama.cpp")
-ORTHOGONALITY_TOL = 1e-4
 REQUIRED_META = ("format_version", "architecture", "n_layers", "head_dim", "n_head", "n_head_kv",
                  "rope_layout", "model", "model_sha256", "corpus", "tokens", "method", "date", "tool")
 _INT_META = ("n_layers", "head_dim", "n_head", "n_head_kv", "tokens")
@@ -80,19 +80,14 @@ class RotationArtifact:
             raise ValueError(f"layer indices {bad} are outside 0..{self.n_layers - 1}")
         for i in self.layers:
             for kind in ("k", "v"):
-                r = np.asarray(getattr(self, f"{kind}_rot")[i])
+                problem = rotation_problem(getattr(self, f"{kind}_rot")[i], d)
+                if problem:
+                    raise ValueError(f"layers.{i}.{kind}_rot {problem}")
                 lam = np.asarray(getattr(self, f"{kind}_eigenvalues")[i])
-                name = f"layers.{i}.{kind}_rot"
-                if r.shape != (d, d):
-                    raise ValueError(f"{name} has shape {r.shape}, expected ({d}, {d})")
                 if lam.shape != (d,):
                     raise ValueError(f"layers.{i}.{kind}_eigenvalues has shape {lam.shape}, expected ({d},)")
-                if not np.all(np.isfinite(r)) or not np.all(np.isfinite(lam)):
-                    raise ValueError(f"{name} or its eigenvalues hold non-finite values")
-                r64 = r.astype(np.float64)
-                err = float(np.linalg.norm(r64.T @ r64 - np.eye(d)))
-                if err > ORTHOGONALITY_TOL:
-                    raise ValueError(f"{name} is not orthogonal: ‖RᵀR−I‖ = {err:.2e} > {ORTHOGONALITY_TOL:g}")
+                if not np.all(np.isfinite(lam)):
+                    raise ValueError(f"layers.{i}.{kind}_eigenvalues hold non-finite values")
         for name in ("clip_k", "clip_v"):
             c = np.asarray(getattr(self, name))
             if c.shape != (self.n_layers,):
@@ -142,43 +137,14 @@ class RotationArtifact:
         return t
 
 
-def _publish(tmp: str, path: Path) -> None:
-    """Give the temp file the permissions a plain open() would have (mkstemp makes it 0600),
-    then rename it over the target."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file through a temp file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        _publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_artifact(path: str | os.PathLike, art: RotationArtifact) -> Path:
     """Validate and write atomically (temp file in the same folder, then rename)."""
     from safetensors.numpy import save_file
 
     art.validate()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(art.tensors(), tmp, metadata=art.metadata())
-        _publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(art.tensors(), str(tmp), metadata=art.metadata())
     return path
 
 

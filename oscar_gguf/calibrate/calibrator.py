@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..quant import GROUP_SIZE, type_for_head_dim
+from ..format.gguf_keys import DEFAULT_WINDOW
+from ..format.oscar2 import group_size
 from .artifact import RotationArtifact
-from .clip import DEFAULT_WINDOW, ClipSearch, clip_grid, fixed_clips
+from .clip import ClipSearch, clip_grid, fixed_clips
 from .rotations import RECIPES, SampleStore, fit_layer
 from .stats import AttentionShape, LayerStats
 
@@ -27,8 +28,8 @@ CLIP_MODES = ("fixed", "search")
 
 
 @dataclass
-class ModelInfo:
-    """What the artifact records about the model."""
+class ArtifactSource:
+    """The model a calibration runs on, as its artifact records it."""
     architecture: str          # GGUF architecture name
     n_layers: int
     rope_layout: str           # "hf" or "llama.cpp": the head-dim order of the captured Q/K
@@ -80,7 +81,7 @@ class CalibrationState:
 
     @property
     def group(self) -> int:
-        return GROUP_SIZE[type_for_head_dim(self.shape.head_dim)]
+        return group_size(self.shape.head_dim)
 
     def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 scaling: float = 1.0, allowed: torch.Tensor | None = None) -> None:
@@ -132,28 +133,28 @@ class CalibrationState:
         """(Σ_K, Σ_V) per layer, float64, in the captured head-dim order."""
         return {i: (st.k_covariance(), st.v_covariance()) for i, st in sorted(self.layers.items())}
 
-    def result(self, info: ModelInfo, corpus: str = "") -> RotationArtifact:
+    def result(self, source: ArtifactSource, corpus: str = "") -> RotationArtifact:
         from .. import __version__
 
         if self.pass_name is not None:
             raise RuntimeError(f"calibration needs the {self.pass_name!r} pass before result()")
         s = self.shape
         if self.clip == "search":
-            ck, cv = self.search.best(info.n_layers)
+            ck, cv = self.search.best(source.n_layers)
         else:
-            ck, cv = fixed_clips(info.n_layers)
+            ck, cv = fixed_clips(source.n_layers)
         extra = {"group_size": str(self.group), "clip_mode": self.clip, "rotation": self.rotation,
-                 "window": f"{self.window[0]},{self.window[1]}", **{k: str(v) for k, v in info.extra.items()}}
+                 "window": f"{self.window[0]},{self.window[1]}", **{k: str(v) for k, v in source.extra.items()}}
         if self.search is not None:
             extra["clip_search_sequences"] = str(self.search.sequences)
         art = RotationArtifact(
-            architecture=info.architecture, n_layers=info.n_layers, head_dim=s.head_dim, n_head=s.n_head,
-            n_head_kv=s.n_head_kv, rope_layout=info.rope_layout,
+            architecture=source.architecture, n_layers=source.n_layers, head_dim=s.head_dim, n_head=s.n_head,
+            n_head_kv=s.n_head_kv, rope_layout=source.rope_layout,
             k_rot={i: r[0].astype(np.float32) for i, r in self.rotations.items()},
             v_rot={i: r[2].astype(np.float32) for i, r in self.rotations.items()},
             k_eigenvalues={i: r[1].astype(np.float32) for i, r in self.rotations.items()},
             v_eigenvalues={i: r[3].astype(np.float32) for i, r in self.rotations.items()},
-            clip_k=ck, clip_v=cv, model=info.model, model_sha256=info.model_sha256, corpus=corpus,
+            clip_k=ck, clip_v=cv, model=source.model, model_sha256=source.model_sha256, corpus=corpus,
             tokens=self.tokens, method=f"{METHODS[self.rotation]}/clip-{self.clip}",
             date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             tool=f"oscar-gguf {__version__}", extra=extra)
@@ -171,12 +172,12 @@ class Calibrator:
         artifact = cal.result()
 
     Each ``with`` block is one pass over the text; the V statistics need the finished query
-    covariances, hence the second pass (DESIGN.md section 1). Activations are reduced to
+    covariances, hence the second pass (docs/design.md §1). Activations are reduced to
     float64 sums inside the attention call and never stored.
     """
 
     def __init__(self, model: torch.nn.Module, *, clip: str = "search", rotation: str = DEFAULT_RECIPE,
-                 window: tuple[int, int] = DEFAULT_WINDOW, info: ModelInfo | None = None,
+                 window: tuple[int, int] = DEFAULT_WINDOW, source: ArtifactSource | None = None,
                  learn_tokens: int = 4096, learn_steps: int = 200):
         from .capture_hf import gguf_architecture, text_config
 
@@ -184,8 +185,8 @@ class Calibrator:
         self.state = CalibrationState(clip=clip, window=window, rotation=rotation, learn_tokens=learn_tokens,
                                       learn_steps=learn_steps)
         cfg = text_config(model.config)
-        self.info = info or ModelInfo(architecture=gguf_architecture(cfg), n_layers=int(cfg.num_hidden_layers),
-                                      rope_layout="hf", model=str(getattr(cfg, "_name_or_path", "") or ""))
+        self.source = source or ArtifactSource(architecture=gguf_architecture(cfg), n_layers=int(cfg.num_hidden_layers),
+                                               rope_layout="hf", model=str(getattr(cfg, "_name_or_path", "") or ""))
         self._tap = None
 
     @property
@@ -225,4 +226,4 @@ class Calibrator:
             self.state.end_pass()
 
     def result(self, corpus: str = "") -> RotationArtifact:
-        return self.state.result(self.info, corpus)
+        return self.state.result(self.source, corpus)

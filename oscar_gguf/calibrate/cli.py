@@ -12,9 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..gguf_keys import DEFAULT_RECENT, DEFAULT_SINK
-
-DEFAULT_WINDOW = (DEFAULT_SINK, DEFAULT_RECENT)
+from ..format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V, DEFAULT_WINDOW
 
 EXIT_BAD_INPUT = 2
 
@@ -52,16 +50,16 @@ def register(subparsers) -> None:
     c.add_argument("--seq-len", type=_positive, default=None, help="tokens per chunk (default min(2048, context))")
     c.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
     c.add_argument("--clip", choices=("fixed", "search"), default="search",
-                   help="fixed: 0.96 (K) / 0.92 (V); search: per layer on held-out chunks (default)")
+                   help=f"fixed: {DEFAULT_CLIP_K} (K) / {DEFAULT_CLIP_V} (V); search: per layer on held-out chunks (default)")
     c.add_argument("--rotation", choices=("key-eigen-dc", "learned", "hadamard", "oscar"), default="key-eigen-dc",
                    help="rotation recipe (default key-eigen-dc: the keys' eigenbasis with the top directions on "
                         "the group-constant Hadamard rows; learned: Hadamard refined through the 2-bit "
-                        "quantizer, minutes per model on a CPU; oscar: DESIGN's U·H·P_br on the qqt/sst "
+                        "quantizer, minutes per model on a CPU; oscar: OSCAR's U·H·P_br on the qqt/sst "
                         "covariances)")
     c.add_argument("--backend", choices=("auto", "hf", "llama"), default="auto",
                    help="capture with transformers (hf) or llama.cpp (llama, GGUF only); auto: llama for a GGUF")
     c.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="SINK,RECENT",
-                   help="f16 window of the runtime, left out of the clip objectives (default 64,256)")
+                   help="f16 window of the runtime, left out of the clip objectives (default %d,%d)" % DEFAULT_WINDOW)
     c.add_argument("--threads", type=_positive, default=None,
                    help="CPU threads for llama.cpp and torch (default: all cores)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -182,19 +180,16 @@ def run_simulate(args) -> int:
             errs = results[c.label].layer_errors()
             print(f"  {c.label}: " + " ".join(f"{e:.3f}" for e in errs.values()))
     if args.json:
-        from .artifact import _atomic_write_text
-        _atomic_write_text(Path(args.json), json.dumps({"tokens": n_tok, "seq_len": args.seq_len,
+        from ..atomic import write_text_atomic
+        write_text_atomic(Path(args.json), json.dumps({"tokens": n_tok, "seq_len": args.seq_len,
                                                         "results": rows}, indent=1))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m oscar_gguf.calibrate.cli calibrate|simulate ...` (the same as `oscar ...`)."""
-    ap = argparse.ArgumentParser(prog="oscar")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    register(sub)
-    args = ap.parse_args(argv)
-    return args.func(args)
+    from ..cli import run_subcommands
+    return run_subcommands(register, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Clip ratios: the paper's fixed pair, or a per-layer grid search on held-out chunks.
 
 The search simulates the runtime exactly: the rotation of the layer, then the bit-exact
-oscar2 quantizer (fakequant.py, tested against quant.py) at each clip of the grid.
+oscar2 quantizer (fakequant.py, tested against format/oscar2.py) at each clip of the grid.
 
 - K minimises the attention-score error E_q ‖q (K̂ − K)ᵀ‖², the expectation over the
   calibration queries of the group that reads each KV head. With C_h the query second
@@ -22,13 +22,11 @@ import math
 import numpy as np
 import torch
 
-from ..gguf_keys import DEFAULT_RECENT, DEFAULT_SINK
-from ..quant import DEFAULT_CLIP_K, DEFAULT_CLIP_V
+from ..format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V, DEFAULT_WINDOW
 from .fakequant import GroupQuantizer
 from .stats import AttentionShape, group_queries
 
 FIXED_CLIPS = (DEFAULT_CLIP_K, DEFAULT_CLIP_V)
-DEFAULT_WINDOW = (DEFAULT_SINK, DEFAULT_RECENT)      # the runtime's f16 window: sink, recent
 
 
 def clip_grid(group: int, lowest: float = 0.7) -> list[float]:
@@ -57,27 +55,25 @@ def sample_queries(t: int, window: tuple[int, int], n: int, device) -> torch.Ten
     return pos.round().long().unique()
 
 
+def covariance_in_frame(c: torch.Tensor, r: np.ndarray) -> torch.Tensor:
+    """Rᵀ C R in float64: the query second moment C [H, d, d] seen from the rotated frame."""
+    rk = torch.from_numpy(np.asarray(r, np.float64))
+    return rk.T @ c.cpu().to(torch.float64) @ rk
+
+
 class ClipSearch:
     """Accumulates, per layer, the K and V error of every clip of the grid."""
 
     def __init__(self, rotations: dict[int, tuple[np.ndarray, np.ndarray]],
                  query_covariances: dict[int, torch.Tensor], group: int, grid: list[float] | None = None,
-                 window: tuple[int, int] = DEFAULT_WINDOW, max_queries: int = 128, quantizer=None,
-                 k_score: dict[int, np.ndarray] | None = None):
+                 window: tuple[int, int] = DEFAULT_WINDOW, max_queries: int = 128):
         self.group = group
-        self.quantizer = quantizer      # None: the runtime's min/max encoder (fakequant)
         self.grid = grid or clip_grid(group)
         self.window = tuple(int(w) for w in window)
         self.max_queries = max_queries
         self.rot = {i: (torch.from_numpy(np.asarray(rk, np.float32)), torch.from_numpy(np.asarray(rv, np.float32)))
                     for i, (rk, rv) in rotations.items()}
-        # C'_h = Rᵀ C_h R, float64. For a non-orthogonal K transform A (study only) the score
-        # error is (q·A⁻ᵀ)·ε, so C' = (A⁻ᵀ)ᵀ C_h A⁻ᵀ: pass A⁻ᵀ in k_score.
-        self.cq = {}
-        for i, c in query_covariances.items():
-            rk = np.asarray(rotations[i][0] if k_score is None else k_score[i], np.float64)
-            rk = torch.from_numpy(rk)
-            self.cq[i] = rk.T @ c.cpu().to(torch.float64) @ rk
+        self.cq = {i: covariance_in_frame(c, rotations[i][0]) for i, c in query_covariances.items()}  # C'_h
         # errors per grid value and KV head: [len(grid), H_kv], allocated on first sight
         self.err_k: dict[int, np.ndarray] = {}
         self.err_v: dict[int, np.ndarray] = {}
@@ -126,13 +122,8 @@ class ClipSearch:
             ev[n] += out.double().pow(2).sum(dim=(1, 2, 3)).cpu().numpy()
 
     def _quantizer(self, x: torch.Tensor):
-        if self.quantizer is None:
-            return GroupQuantizer(x, self.group)
-        return lambda c: self.quantizer(x, self.group, c)
-
-    def min_errors(self) -> dict[int, tuple[float, float]]:
-        """Per layer, the K and V error at the best clip of each (for comparing rotations)."""
-        return {i: (float(self.err_k[i].sum(1).min()), float(self.err_v[i].sum(1).min())) for i in self.err_k}
+        """clip -> FQ(x), the runtime's encoder at every clip of the grid."""
+        return GroupQuantizer(x, self.group)
 
     def best(self, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-layer argmin over the grid (ties go to the larger clip); 1.0 for layers never seen."""
@@ -143,16 +134,6 @@ class ClipSearch:
         for i in self.err_k:
             ck[i] = self.grid[int(np.argmin(self.err_k[i].sum(1)))]
             cv[i] = self.grid[int(np.argmin(self.err_v[i].sum(1)))]
-        return ck, cv
-
-    def best_per_head(self, n_layers: int) -> tuple[np.ndarray, np.ndarray]:
-        """[n_layers, H_kv] clips, one per KV head (the runtime has one per layer: study only)."""
-        n_kv = next(iter(self.err_k.values())).shape[1]
-        ck = np.ones((n_layers, n_kv), dtype=np.float32)
-        cv = np.ones((n_layers, n_kv), dtype=np.float32)
-        for i in self.err_k:
-            ck[i] = np.asarray(self.grid)[np.argmin(self.err_k[i], axis=0)]
-            cv[i] = np.asarray(self.grid)[np.argmin(self.err_v[i], axis=0)]
         return ck, cv
 
 

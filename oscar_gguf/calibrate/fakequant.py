@@ -1,8 +1,8 @@
-"""A torch port of oscar_gguf.quant.fake_quantize, bit-exact with it (tests check).
+"""A torch port of oscar_gguf.format.oscar2.fake_quantize, bit-exact with it (tests check).
 
 The calibration and the simulation quantize millions of vectors for every candidate
 clip ratio; numpy's partition per call is the bottleneck there, so this port sorts the
-magnitudes once and reuses them for every clip of a grid. Same rules as quant.py: non-finite
+magnitudes once and reuses them for every clip of a grid. Same rules as format/oscar2.py: non-finite
 inputs read as 0, clip at the k-th smallest |x| (k = floor(c·G) in float32), min/max with
 fp16 scale and minimum, codes by comparing against m + (i + 0.5)·d.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..quant import FP16_MAX, clip_index
+from ..format.oscar2 import FP16_MAX, clip_index
 
 _FP16_MAX = float(FP16_MAX)
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..format.gguf_read import GGUFMeta, read_gguf_metadata
 from .capture_hf import HF_TO_GGUF_ARCH, UnsupportedModelError
 
 # GGUF architectures the transformers backend can load through gguf_file= and capture
@@ -83,20 +84,9 @@ def fingerprint(ref: ModelRef) -> str:
     return h.hexdigest()
 
 
-def gguf_metadata(path: Path, keys: list[str]) -> dict:
-    from gguf import GGUFReader
-
-    r = GGUFReader(str(path))
-    out = {}
-    for k in keys:
-        f = r.fields.get(k)
-        if f is not None:
-            out[k] = f.contents()
-    return out
-
-
-def gguf_architecture(path: Path) -> str:
-    arch = gguf_metadata(path, ["general.architecture"]).get("general.architecture")
+def gguf_architecture(path: Path, meta: GGUFMeta | None = None) -> str:
+    """general.architecture of a GGUF (meta: its header, when already read)."""
+    arch = (meta or read_gguf_metadata(path)).get("general.architecture")
     if not arch:
         raise ModelError(f"{path} has no general.architecture; is it a model GGUF?")
     return str(arch)

@@ -4,13 +4,10 @@ from __future__ import annotations
 import resource
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from .calibrator import DEFAULT_RECIPE, CalibrationState, Calibrator, ModelInfo
-from .clip import DEFAULT_WINDOW
-from .corpus import ChunkPlan, CorpusError, describe_source, make_chunks, plan_chunks
+from ..format.gguf_keys import DEFAULT_WINDOW
+from .calibrator import DEFAULT_RECIPE, ArtifactSource, CalibrationState, Calibrator
+from .corpus import ChunkPlan, describe_source, make_chunks, plan_chunks
 from .models import (ModelError, ModelRef, fingerprint, gguf_architecture, hf_bos_prefix, hf_encode,
                      load_hf, pick_device, resolve_model)
 
@@ -87,10 +84,10 @@ def _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, 
     model, tok, arch = load_hf(ref, dev)
     from .capture_hf import text_config
     cfg = text_config(model.config)
-    info = ModelInfo(architecture=arch, n_layers=int(cfg.num_hidden_layers), rope_layout="hf",
-                     model=ref.name)
+    source = ArtifactSource(architecture=arch, n_layers=int(cfg.num_hidden_layers), rope_layout="hf",
+                            model=ref.name)
     art = calibrate_hf_model(model, hf_encode(tok), hf_bos_prefix(tok), text=text, tokens=tokens,
-                             seq_len=seq_len, clip=clip, window=window, progress=progress, info=info,
+                             seq_len=seq_len, clip=clip, window=window, progress=progress, source=source,
                              rotation=rotation)
     art.model_sha256 = sha()
     return art, art.tokens
@@ -102,7 +99,7 @@ def default_seq_len(max_ctx: int | None) -> int:
 
 def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: int = DEFAULT_TOKENS,
                        seq_len: int | None = None, clip: str = "search", window=DEFAULT_WINDOW,
-                       progress: bool = True, info: ModelInfo | None = None, rotation: str = DEFAULT_RECIPE):
+                       progress: bool = True, source: ArtifactSource | None = None, rotation: str = DEFAULT_RECIPE):
     """Run the passes of a Calibrator over chunks of text with a loaded transformers model."""
     import torch
 
@@ -112,7 +109,7 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
     seq_len = seq_len or default_seq_len(getattr(cfg, "max_position_embeddings", None))
     plan = plan_chunks(tokens, seq_len, clip == "search")
     stat, held = make_chunks(text, encode, prefix, plan)
-    cal = Calibrator(model, clip=clip, window=window, info=info, rotation=rotation)
+    cal = Calibrator(model, clip=clip, window=window, source=source, rotation=rotation)
     base = decoder(model)
     dev = next(model.parameters()).device
     bar = _progress((2 * len(stat) + len(held)) * seq_len, progress, "calibrate")
@@ -129,15 +126,10 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
 def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads=None):
     from .capture_llama import LlamaCppCapture
 
-    from ..gguf_io import takes_no_rotations
-    from .models import ModelError, gguf_metadata
+    from ..format.gguf_read import read_gguf_metadata, takes_no_rotations
 
-    arch = gguf_architecture(ref.path)
-    meta = {}
-    try:
-        meta = gguf_metadata(ref.path, [f"{arch}.context_length", f"{arch}.attention.kv_lora_rank"])
-    except Exception:
-        pass
+    meta = read_gguf_metadata(ref.path)
+    arch = gguf_architecture(ref.path, meta)
     if takes_no_rotations(arch, meta.get(f"{arch}.attention.kv_lora_rank")):
         raise ModelError(f"architecture {arch!r} uses latent (MLA) or custom attention outside the KV-cache path "
                          "that OSCAR rotates; it cannot be calibrated or run with oscar2")
@@ -162,9 +154,9 @@ def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sh
                 if state.pass_name == "values":
                     bar.set_postfix_str(f"fitting {rotation} rotations")
                 state.end_pass()
-        info = ModelInfo(architecture=arch, n_layers=cap.n_layers, rope_layout="llama.cpp",
-                         model=ref.name, model_sha256=model_sha)
-        art = state.result(info, corpus=describe_source(text))
+        source = ArtifactSource(architecture=arch, n_layers=cap.n_layers, rope_layout="llama.cpp",
+                                model=ref.name, model_sha256=model_sha)
+        art = state.result(source, corpus=describe_source(text))
     return art, art.tokens
 
 
@@ -174,7 +166,7 @@ def simulate_file(model: str, rotations: str, *, text: str, tokens: int = 16384,
                   device: str = "auto", window: tuple[int, int] = DEFAULT_WINDOW, progress: bool = True):
     """Load MODEL with transformers and run the standard comparison on held-out text."""
     from .artifact import load_artifact
-    from .simulate import run_simulation, standard_configs
+    from .simulate import run_simulation, runtime_quantized_layers, standard_configs
 
     art = load_artifact(rotations)
     ref = resolve_model(model)
@@ -184,7 +176,7 @@ def simulate_file(model: str, rotations: str, *, text: str, tokens: int = 16384,
         raise ModelError(f"{rotations} is for architecture {art.architecture!r}, but {ref.name} is {arch!r}")
     plan = ChunkPlan(seq_len, max(1, tokens // seq_len), 0)
     chunks, _ = make_chunks(text, hf_encode(tok), hf_bos_prefix(tok), plan)
-    configs = standard_configs(art, window)
+    configs = standard_configs(art, window, runtime_quantized_layers(model_))
     bar = _progress(len(chunks) * len(configs), progress, "simulate")
     bar.unit = "run"
     with bar:

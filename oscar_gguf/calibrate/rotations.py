@@ -1,6 +1,6 @@
 """Rotation recipes that fit the runtime: one orthogonal d×d matrix per layer for K and V.
 
-- "oscar": DESIGN.md section 1 exactly, R = U·H_d·P_br on the qqt / sst covariances (fit.py).
+- "oscar": docs/design.md §1 exactly, R = U·H_d·P_br on the qqt / sst covariances (oscar_rotation.py).
 - "hadamard": the normalised Sylvester Hadamard matrix.
 - "key-eigen-dc" (default): the eigenbasis of the keys' own second moment (and of the sst covariance for
   V), with the top eigen-directions placed on the rows of H that are constant on each
@@ -12,7 +12,7 @@ Why the DC slots matter. oscar2 stores a minimum per group and token, so any com
 that is constant across a group is stored exactly (it only shifts mn and mx). After
 R = U·H, the coefficient of eigenvector i is spread over the group along row i of H; the
 rows of the Sylvester H that are constant on every group of G contiguous columns are
-0, G, 2G, ... (H = H_{d/G} ⊗ H_G). DESIGN's R = U·H·P_br with eigh's ascending order puts
+0, G, 2G, ... (H = H_{d/G} ⊗ H_G). OSCAR's R = U·H·P_br with eigh's ascending order puts
 the *smallest* eigen-direction into row 0, where it is free; putting the *largest* ones
 there removes their energy from the quantization range. With one group per head (G = d),
 P_br only reorders the columns of a group and changes nothing.
@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..quant import clip_index
+from ..format.oscar2 import clip_index
 from .fakequant import GroupQuantizer
-from .fit import bit_reversal_permutation, canonical_eigh, hadamard, oscar_rotation
+from .oscar_rotation import bit_reversal_permutation, canonical_eigh, hadamard, oscar_rotation
 
 RECIPES = ("learned", "key-eigen-dc", "hadamard", "oscar")
 
@@ -171,7 +171,7 @@ class SampleStore:
 
 
 def sst_token_weights(k: torch.Tensor, c_h: torch.Tensor) -> torch.Tensor:
-    """w[n, h] = k C_h kᵀ normalised to mean 1 per KV head (DESIGN's V weights), k [N, H_kv, d]."""
+    """w[n, h] = k C_h kᵀ normalised to mean 1 per KV head (the sst weights, docs/design.md §1), k [N, H_kv, d]."""
     w = torch.einsum("nhd,hde,nhe->nh", k, c_h.to(k.device, k.dtype), k)
     return w / w.mean(0, keepdim=True).clamp_min(1e-30)
 

@@ -1,6 +1,6 @@
 """Import OSCAR's own rotation files (the "RotationZoo") into a RotationArtifact.
 
-A RotationZoo file is a torch ``.pt`` dict (DESIGN.md section 1):
+A RotationZoo file is a torch ``.pt`` dict (docs/design.md §1):
 ``{"format_version": 1, "objective": str, "layers": {i: {"rotation": [d, d] f32,
 "eigenvalues": [d]}}}``, one file for K (k_rotation_qqt_r_h_pbr.pt) and one for V
 (v_rotation_sst_r_h_pbr.pt). OSCAR works on Hugging Face models, so its rotations act on
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .artifact import RotationArtifact
-from ..quant import DEFAULT_CLIP_K, DEFAULT_CLIP_V
+from ..format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V
 
 
 def _read_zoo(path: str | os.PathLike) -> tuple[str, dict[int, tuple[np.ndarray, np.ndarray]]]:

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..quant import DEFAULT_CLIP_K, DEFAULT_CLIP_V
+from ..format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V, DEFAULT_WINDOW
+from ..format.oscar2 import group_size
 from .artifact import RotationArtifact
 from .capture_hf import AttentionCall, attention_tap, mask_to_bool
 from .fakequant import fake_quantize
-from .fit import hadamard
+from .oscar_rotation import hadamard
 
 
 @dataclass
@@ -31,21 +32,36 @@ class KVConfig:
     name: str
     k_rot: dict[int, np.ndarray] | None      # None: no rotation
     v_rot: dict[int, np.ndarray] | None
-    clip_k: np.ndarray                        # [n_layers], or [n_layers, H_kv] per head (study only)
+    clip_k: np.ndarray                        # [n_layers]
     clip_v: np.ndarray
     group: int
     window: tuple[int, int] = (0, 0)          # (sink, recent) kept unquantized
-    quantize: bool = True
-    layers: set[int] | None = None            # None: every layer with attention
-    k_transform: dict[int, tuple[np.ndarray, np.ndarray]] | None = None   # (A, A⁻ᵀ): store k·A, read q·A⁻ᵀ
-    quantizer: object = None                  # callable(x, group, clip) -> x̂; default fakequant
-    quantize_k: bool = True                   # False: K read exactly (diagnostics)
-    quantize_v: bool = True
+    quantize: bool = True                     # False: every layer reads K and V exactly
+    quantized_layers: frozenset[int] | None = None   # None: every layer (see runtime_quantized_layers)
 
     @property
     def label(self) -> str:
         w = f"window {self.window[0]}/{self.window[1]}" if self.window != (0, 0) else "no window"
         return f"{self.name} [{w}]"
+
+    def fake_quantize(self, x: torch.Tensor, clip) -> torch.Tensor:
+        """FQ(x) for x [B, H, T, d] at a layer's clip ratio."""
+        return fake_quantize(x, self.group, float(clip))
+
+    def stored(self, x: torch.Tensor, rotations: dict[int, np.ndarray] | None, layer: int, clip) -> torch.Tensor:
+        """What attention reads back for x [B, H, T, d]: (FQ(x R)) Rᵀ."""
+        r = _rot(rotations, layer, x.device)
+        if r is None:
+            return self.fake_quantize(x, clip)
+        return self.fake_quantize(x @ r, clip) @ r.T
+
+    def quantized_scores(self, q: torch.Tensor, k: torch.Tensor, layer: int, scaling: float) -> torch.Tensor:
+        """q·K̂ᵀ with the keys as the cache returns them; k [B, H_kv, T, d] is repeated over the group."""
+        kq = self.stored(k, self.k_rot, layer, self.clip_k[layer])
+        return (q @ kq.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2)) * scaling
+
+    def quantized_values(self, v: torch.Tensor, layer: int) -> torch.Tensor:
+        return self.stored(v, self.v_rot, layer, self.clip_v[layer])
 
 
 @dataclass
@@ -68,26 +84,22 @@ class RunStats:
         return {i: e / max(o, 1e-30) for i, (e, o) in sorted(self.attn_err.items())}
 
 
+def runtime_quantized_layers(model: torch.nn.Module) -> frozenset[int] | None:
+    """The layers whose cache llama.cpp stores in oscar2 for this model: all (None), except in a
+    model with sliding-window layers, whose sliding-window cache holds only n_swa + n_ubatch
+    tokens per sequence and stays in f16 (ggml-oscar/llama: llama_oscar_bounded_cache_type)."""
+    from .capture_hf import text_config
+
+    types = getattr(text_config(model.config), "layer_types", None) or []
+    if "sliding_attention" not in types:
+        return None
+    return frozenset(i for i, t in enumerate(types) if t != "sliding_attention")
+
+
 def _rot(r: dict[int, np.ndarray] | None, layer: int, dev) -> torch.Tensor | None:
     if r is None or layer not in r:
         return None
     return torch.as_tensor(np.asarray(r[layer], dtype=np.float32), device=dev)
-
-
-def _fq_heads(x: torch.Tensor, group: int, clip, quantizer) -> torch.Tensor:
-    """Fake-quantize x [B, H, T, d] with one clip, or one clip per head (an array [H])."""
-    fq = quantizer or fake_quantize
-    c = np.asarray(clip, dtype=np.float64)
-    if c.ndim == 0:
-        return fq(x, group, float(c))
-    return torch.stack([fq(x[:, h], group, float(c[h])) for h in range(x.shape[1])], dim=1)
-
-
-def _store(x: torch.Tensor, r: torch.Tensor | None, group: int, clip, quantizer) -> torch.Tensor:
-    """What attention reads back for x [B, H, T, d]: (FQ(x R)) Rᵀ."""
-    if r is None:
-        return _fq_heads(x, group, clip, quantizer)
-    return _fq_heads(x @ r, group, clip, quantizer) @ r.T
 
 
 def simulated_attention(call: AttentionCall, cfg: KVConfig, stats: RunStats | None) -> torch.Tensor:
@@ -95,25 +107,15 @@ def simulated_attention(call: AttentionCall, cfg: KVConfig, stats: RunStats | No
     b, h_q, t, d = q.shape
     g = h_q // k.shape[1]
     layer, dev = call.layer, q.device
-    use = cfg.quantize and (cfg.layers is None or layer in cfg.layers)
     allowed = mask_to_bool(call.mask, t, k.shape[2], dev)                     # [B|1, 1, T, T]
     kx = k.repeat_interleave(g, dim=1)
     vx = v.repeat_interleave(g, dim=1)
     s_exact = (q @ kx.transpose(-1, -2)) * call.scaling
     softcap = call.kwargs.get("softcap")
-    if use:
-        ck, cv = cfg.clip_k[layer], cfg.clip_v[layer]        # a ratio, or one per KV head
-        if cfg.k_transform is not None and layer in cfg.k_transform:
-            a, a_inv_t = (torch.as_tensor(np.asarray(m, np.float32), device=dev) for m in cfg.k_transform[layer])
-            kq = _fq_heads(k @ a, cfg.group, ck, cfg.quantizer)
-            s_q = ((q @ a_inv_t) @ kq.repeat_interleave(g, dim=1).transpose(-1, -2)) * call.scaling
-        else:
-            kq = _store(k, _rot(cfg.k_rot, layer, dev), cfg.group, ck, cfg.quantizer)
-            s_q = (q @ kq.repeat_interleave(g, dim=1).transpose(-1, -2)) * call.scaling
-        if not cfg.quantize_k:
-            s_q = s_exact
-        vq = _store(v, _rot(cfg.v_rot, layer, dev), cfg.group, cv, cfg.quantizer) if cfg.quantize_v else v
-        vq = vq.repeat_interleave(g, dim=1)
+    quantize = cfg.quantize and (cfg.quantized_layers is None or layer in cfg.quantized_layers)
+    if quantize:
+        s_q = cfg.quantized_scores(q, k, layer, call.scaling)
+        vq = cfg.quantized_values(v, layer).repeat_interleave(g, dim=1)
         i = torch.arange(t, device=dev)[:, None]
         j = torch.arange(k.shape[2], device=dev)[None, :]
         sink, recent = cfg.window
@@ -124,7 +126,7 @@ def simulated_attention(call: AttentionCall, cfg: KVConfig, stats: RunStats | No
     if softcap:
         s = torch.tanh(s / softcap) * softcap
     p = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
-    if use:
+    if quantize:
         hpf = hp.to(p.dtype)
         out = (p * hpf) @ vx + (p * (1 - hpf)) @ vq
         if stats is not None:
@@ -138,19 +140,36 @@ def simulated_attention(call: AttentionCall, cfg: KVConfig, stats: RunStats | No
     return out.to(call.query.dtype).transpose(1, 2).contiguous()
 
 
-def kl_and_top1(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, int]:
-    """Σ over positions of KL(p_ref ‖ p) and the count of equal argmax tokens."""
-    lp_ref = torch.log_softmax(ref_logits.double(), dim=-1)
-    lp = torch.log_softmax(logits.double(), dim=-1)
-    kl = (lp_ref.exp() * (lp_ref - lp)).sum(-1)
-    same = (ref_logits.argmax(-1) == logits.argmax(-1)).sum()
-    return float(kl.sum()), int(same)
+def kl_and_top1(ref_logits: torch.Tensor, logits: torch.Tensor, rows: int = 128) -> tuple[float, int]:
+    """Σ over positions of KL(p_ref ‖ p) and the count of equal argmax tokens.
+
+    In float64, `rows` positions at a time: a 256k-token vocabulary makes a block of a few hundred
+    positions cost gigabytes."""
+    kl_sum, same = 0.0, 0
+    for i in range(0, ref_logits.shape[0], rows):
+        r, q = ref_logits[i:i + rows], logits[i:i + rows]
+        lp_ref = torch.log_softmax(r.double(), dim=-1)
+        lp = torch.log_softmax(q.double(), dim=-1)
+        kl_sum += float((lp_ref.exp() * (lp_ref - lp)).sum())
+        same += int((r.argmax(-1) == q.argmax(-1)).sum())
+    return kl_sum, same
+
+
+def _scored_logits(model, ids: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Logits of positions lo..hi-1 only (the model skips the output projection of the others)."""
+    t = ids.shape[1]
+    out = model(ids, use_cache=False, logits_to_keep=t - lo).logits[0]
+    return out[:hi - lo].float()
 
 
 @torch.no_grad()
 def run_simulation(model: torch.nn.Module, chunks: np.ndarray, configs: list[KVConfig], progress=None,
-                   score_from: float = 0.5, deadline: float | None = None) -> dict[str, RunStats]:
+                   score_from: float = 0.5, deadline: float | None = None,
+                   score_last: bool = True) -> dict[str, RunStats]:
     """Mean next-token KL (and per-layer attention error) of every config on the chunks.
+
+    Positions from `score_from` of each chunk are scored; without `score_last`, the chunk's last
+    position is left out, as llama-perplexity does (it has no next token to predict).
 
     With a deadline (time.monotonic() value), stops after the chunk during which it passed;
     every config has then seen the same chunks."""
@@ -167,11 +186,12 @@ def run_simulation(model: torch.nn.Module, chunks: np.ndarray, configs: list[KVC
         ids = torch.as_tensor(np.asarray(chunk), dtype=torch.long, device=dev)[None]
         t = ids.shape[1]
         lo = int(math.floor(t * score_from))
-        ref = model(ids, use_cache=False).logits[0, lo:].float()
+        hi = t if score_last else t - 1
+        ref = _scored_logits(model, ids, lo, hi)
         for cfg in configs:
             cur["cfg"], cur["stats"] = cfg, results[cfg.label]
             with attention_tap(model, handler):
-                logits = model(ids, use_cache=False).logits[0, lo:].float()
+                logits = _scored_logits(model, ids, lo, hi)
             kl, same = kl_and_top1(ref, logits)
             st = results[cfg.label]
             st.kl_sum += kl
@@ -185,15 +205,15 @@ def run_simulation(model: torch.nn.Module, chunks: np.ndarray, configs: list[KVC
     return results
 
 
-def standard_configs(art: RotationArtifact, window: tuple[int, int] = (64, 256)) -> list[KVConfig]:
-    """The comparison of issue 4 for an artifact ROT: no rotation, Hadamard, Hadamard with
+def standard_configs(art: RotationArtifact, window: tuple[int, int] = DEFAULT_WINDOW,
+                     quantized_layers: frozenset[int] | None = None) -> list[KVConfig]:
+    """The standard comparison for an artifact ROT: no rotation, Hadamard, Hadamard with
     ROT's clips, ROT's rotations with the fixed clips and with ROT's own clips; each without
     and with the high-precision window. ROT's rows are named after its recipe ("oscar" for
-    DESIGN's rotation, "learned", ...)."""
+    OSCAR's rotation, "learned", ...)."""
     hf = art.to_hf_layout()
     n, d = hf.n_layers, hf.head_dim
-    from ..quant import GROUP_SIZE, type_for_head_dim
-    group = GROUP_SIZE[type_for_head_dim(d)]
+    group = group_size(d)
     ones = np.ones(n, dtype=np.float32)
     fixed_k = np.full(n, DEFAULT_CLIP_K, np.float32)
     fixed_v = np.full(n, DEFAULT_CLIP_V, np.float32)
@@ -214,5 +234,6 @@ def standard_configs(art: RotationArtifact, window: tuple[int, int] = (64, 256))
     out = []
     for w in ((0, 0), tuple(window)):
         for c in base:
-            out.append(KVConfig(c.name, c.k_rot, c.v_rot, c.clip_k, c.clip_v, c.group, window=w))
+            out.append(KVConfig(c.name, c.k_rot, c.v_rot, c.clip_k, c.clip_v, c.group, window=w,
+                                quantized_layers=quantized_layers))
     return out

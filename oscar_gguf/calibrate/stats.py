@@ -1,4 +1,4 @@
-"""Streaming float64 statistics for the OSCAR covariances (DESIGN.md section 1).
+"""Streaming float64 statistics for the OSCAR covariances (docs/design.md §1).
 
 Memory is bounded by the sums, not by the text: per layer and KV head two d×d float64
 matrices. The V statistics weight each token by w_t = k_t C_h k_tᵀ, which needs the
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .fit import symmetrize
+from .oscar_rotation import symmetrize
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-// oscar2_ops.c: run the real ggml ops on oscar2 caches, for tests/test_oscar2_cpu.py (and, on a
-// GPU machine, tests/test_oscar2_cuda.py).
+// oscar2_ops.c: run the real ggml ops on oscar2 caches, for tests/test_oscar2_ops.py (on the CPU,
+// and on a GPU machine on CUDA too).
 //
 //   oscar2_ops KT VT D DV N_KV N_Q H H_KV CLIP_K CLIP_V N_THREADS DIR [N_HP]
 //
 // Reads DIR/q.f32 [H][N_Q][D], DIR/k.f32 [N_KV][H_KV*D], DIR/v.f32 [N_KV][H_KV*DV] and
 // DIR/mask.f16 [N_Q][N_KV (+ N_HP)]; writes the K and V caches into DIR/kc.bin and DIR/vc.bin
-// through GGML_OP_SET_ROWS (with the clip ratio in op_params[0], as the KV cache does),
+// through GGML_OP_SET_ROWS (with the clip ratio, ggml_oscar2_set_clip, as the KV cache does),
 // reads them back through GGML_OP_GET_ROWS into DIR/kdeq.f32, and writes the flash
 // attention output [N_Q][H][DV] into DIR/out.f32. Everything runs on the backend named by
 // $OSCAR_BACKEND (default CPU; e.g. CUDA0). KT/VT are ggml type names (oscar2, oscar2_64,
@@ -17,14 +17,12 @@
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml-oscar/oscar2-ops.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-// from ggml-oscar/oscar2-ops.h (the test builds against the public headers only)
-void ggml_flash_attn_ext_add_window(struct ggml_tensor * a, struct ggml_tensor * k_hp, struct ggml_tensor * v_hp);
 
 static enum ggml_type type_by_name(const char * s) {
     for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
@@ -114,11 +112,11 @@ int main(int argc, char ** argv) {
         hidx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_hp);
     }
 
-    // cache writes, tagged with the clip ratio the way llama_kv_cache::cpy_k/cpy_v do
+    // cache writes with their clip ratio, as llama_kv_cache::cpy_k/cpy_v make them
     struct ggml_tensor * kw = ggml_set_rows(ctx, kc, kf, idx);
     struct ggml_tensor * vw = ggml_set_rows(ctx, vc, vf, idx);
-    memcpy(kw->op_params, &clip_k, sizeof(float));
-    memcpy(vw->op_params, &clip_v, sizeof(float));
+    ggml_oscar2_set_clip(kw, clip_k);
+    ggml_oscar2_set_clip(vw, clip_v);
 
     struct ggml_tensor * k = ggml_permute(ctx, ggml_view_3d(ctx, kw, D, H_kv, n_kv,
             ggml_row_size(kt, D), ggml_row_size(kt, D*H_kv), 0), 0, 2, 1, 3);

@@ -1,0 +1,166 @@
+// attn-decode.cu: the decode attention (few query columns: decode, multi-sequence decode, small
+// speculative batches) over an oscar2 cache and the high-precision window: how the rows are
+// split into blocks and which kernels take them: k_fa_int2_mma (attn-mma.cu) where it can,
+// else k_fa_int2 or k_fa_partial (attn-vec.cu), then k_fa_combine (attn-combine.cu). Many query
+// columns take the f16 path instead (attn-prefill.cu).
+//
+// Reference: the CPU flash attention (attn-common.cuh); checked by test-backend-ops
+// FLASH_ATTN_EXT (batch sizes on both sides of OSCAR_VEC_MAX_TOKENS) and OSCAR_ROTATE_STORE
+// (../tests/oscar2-backend-ops.inc; `bash gpu/run.sh test`), and by tests/test_oscar2_ops.py.
+
+#include "attn-common.cuh"
+#include "ops.cuh"
+
+#include <algorithm>
+
+#define OSCAR_WIN_LITE_ROWS 512 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk
+
+// the most query tokens per flash-attention call that take the split-KV kernels
+static const int OSCAR_VEC_MAX_TOKENS = 16;
+
+// queries per block, rounded up to the kernel's compile-time sizes (at least one token's heads)
+static int nq_bucket(int nq, int D) {
+    const int cap = D == 256 ? 8 : 16;
+    int b = 1;
+    while (b < nq && b < cap) {
+        b *= 2;
+    }
+    return b;
+}
+
+bool oscar2_cuda_fa_types_ok(ggml_type kt, ggml_type vt, int64_t D) {
+    auto ok = [&](ggml_type t) {
+        return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16 || (t == GGML_TYPE_OSCAR2 && D % 128 == 0) || t == GGML_TYPE_OSCAR2_64;
+    };
+    return (D == 64 || D == 128 || D == 256) && ok(kt) && ok(vt) && (kt == vt || kt == GGML_TYPE_F16 || vt == GGML_TYPE_F16);
+}
+
+bool oscar2_cuda_fa_decode_ok(const ggml_tensor * dst) {
+    const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
+    float max_bias;
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    const ggml_tensor * Kw = ggml_flash_attn_ext_get_window_k(dst), * Vw = ggml_flash_attn_ext_get_window_v(dst);
+    const int64_t gqa = Q->ne[2] / K->ne[2];
+    return Q->type == GGML_TYPE_F32 && K->ne[0] == V->ne[0] && oscar2_cuda_fa_types_ok(K->type, V->type, K->ne[0]) &&
+        max_bias == 0.0f && Q->ne[1] <= OSCAR_VEC_MAX_TOKENS && gqa <= (K->ne[0] == 256 ? 8 : 16) &&
+        (!mask || mask->type == GGML_TYPE_F16) &&
+        (!Kw || oscar2_cuda_fa_types_ok(Kw->type, Vw->type, K->ne[0]));
+}
+
+void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const ggml_tensor * unrot) {
+    const ggml_tensor * Q = dst->src[0], * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
+    const ggml_tensor * sinks = dst->src[4];
+    const ggml_tensor * Kw = ggml_flash_attn_ext_get_window_k(dst), * Vw = ggml_flash_attn_ext_get_window_v(dst);
+    cudaStream_t stream = ctx.stream();
+    const int D = (int) K->ne[0];
+    const int gqa = (int) (Q->ne[2]/K->ne[2]);
+
+    fa_params p = {};
+    p.Q = (const char *) Q->data; p.nbq1 = Q->nb[1]; p.nbq2 = Q->nb[2]; p.nbq3 = Q->nb[3];
+    p.mask_nb1 = mask ? mask->nb[1]/sizeof(half) : 0;
+    p.mask_nb3 = mask ? mask->nb[3]/sizeof(half) : 0;
+    p.mask_ne3 = mask ? (int) mask->ne[3] : 1;
+    p.n_q = (int) Q->ne[1]; p.n_head = (int) Q->ne[2]; p.n_head_kv = (int) K->ne[2]; p.gqa = gqa; p.ne3 = (int) Q->ne[3];
+    memcpy(&p.scale,   (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&p.softcap, (const float *) dst->op_params + 2, sizeof(float));
+    if (p.softcap != 0.0f) {
+        p.scale /= p.softcap;
+    }
+
+    const int nqb = nq_bucket(gqa*(int) Q->ne[1], D);
+    const int tokens_per_block = std::max(1, nqb/gqa);
+    const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
+
+    // splits. The INT2 kernels run a fixed number of blocks per SM and each block walks its rows
+    // in a dependent chain, so the cache gets exactly one full wave of blocks: a second, partly
+    // empty wave costs as much as the first. The other kernels keep about 4 blocks per SM, in splits of at least 128 rows. (How rows are split
+    // changes only the order of float sums. Greedy text against the CPU is no test of that on
+    // the small models we can carry: it parts even with an f16 cache; see gpu/run.sh e2e.)
+    const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
+    const int base = p.n_head_kv*p.ne3*n_groups;
+    auto split = [&](int n_rows, int min_rows, int slots, int & n_split, int & rps) {
+        n_split = std::max(1, std::min(std::max(1, slots/base), (n_rows + min_rows - 1)/min_rows));
+        rps = (n_rows + n_split - 1)/n_split;
+        rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+        n_split = std::max(1, (n_rows + rps - 1)/rps);
+    };
+    int ns_main, rps_main, ns_win = 0, rps_win = 0, rps_lite = 0;
+    // the window's type for the mma kernel: COUNT = no window; F32 = K and V differ (not taken)
+    // (and F32 too when its K rows are not 16-byte aligned: fa_window_rows_f16 reads them as uint4)
+    auto aligned16 = [](const ggml_tensor * t) {
+        return (uintptr_t) t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
+    };
+    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type && aligned16(Kw) && aligned16(Vw) ? Kw->type : GGML_TYPE_F32;
+    // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
+    const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
+    if (mma) {
+        // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
+        // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma), or
+        // at small depths, with fewer cache splits than window chunks, the window's chunks are
+        // blocks of their own (attn-mma.cu). A chunk is one 32-row step of each warp
+        // (fa_window_rows_f16): its rows cost about what one step costs, so smaller chunks would
+        // only add partials. Most window rows are masked (the view spans every slot a prefill's
+        // ubatch used, 1024 rows after a 512-token ubatch, of which sink + recent are live) and
+        // cost only their mask.
+        split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
+        if (Kw) {
+            rps_win = OSCAR_FA_WARPS*WARP_SIZE;
+            ns_win  = (int) ((Kw->ne[1] + rps_win - 1)/rps_win);
+        }
+        rps_lite = rps_main;
+        if (Kw && ns_win < ns_main) {
+            // the splits that take a window chunk first get OSCAR_WIN_LITE_ROWS fewer cache rows,
+            // and the others share them, so that every block ends together. A live chunk costs
+            // about four 128-row steps of the cache in the model's decode, where its rows and code
+            // come cold; with two steps' worth (256 rows, as a warm benchmark loop suggests) the
+            // chunk's blocks end last and the whole decode is slower.
+            const int n_rows = (int) K->ne[1];
+            rps_lite = std::max(0, rps_main - OSCAR_WIN_LITE_ROWS)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+            const int rest = std::max(0, n_rows - ns_win*rps_lite);
+            rps_main = ((rest + (ns_main - ns_win) - 1)/(ns_main - ns_win) + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+        }
+    } else {
+        split((int) K->ne[1], 128, uses_int2_kernel(K->type, V->type, nqb) ? OSCAR_INT2_BLOCKS_PER_SM*n_sm : 4*n_sm + base - 1,
+              ns_main, rps_main);
+        if (Kw) {
+            split((int) Kw->ne[1], 128, 4*n_sm + base - 1, ns_win, rps_win);
+        }
+    }
+    p.n_part = ns_main + ns_win;
+
+    const int64_t n_queries = Q->ne[1]*Q->ne[2]*Q->ne[3];
+    ggml_cuda_pool_alloc<float>  acc(ctx.pool(), n_queries*p.n_part*D);
+    ggml_cuda_pool_alloc<float2> ml(ctx.pool(), n_queries*p.n_part);
+    p.part_acc = acc.get();
+    p.part_ml  = ml.get();
+
+    fa_source sm = { (const char *) K->data, (int64_t) K->nb[1], (int64_t) K->nb[2], (int64_t) K->nb[3],
+                     (const char *) V->data, (int64_t) V->nb[1], (int64_t) V->nb[2], (int64_t) V->nb[3],
+                     mask ? (const half *) mask->data : nullptr, (int) K->ne[1] };
+    fa_source sw = {};
+    if (Kw) {
+        // the window's mask columns follow the cache's
+        sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
+               (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
+               mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
+    }
+    p.part0 = 0;
+    if (mma) {
+        oscar2_cuda_fa_int2_mma(K->type, wt, D, nqb, sm, sw, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
+    } else {
+        const bool ok = oscar2_cuda_fa_partials(D, K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream);
+        GGML_ASSERT(ok && "oscar2 attention: no kernel for these types");
+        if (Kw) {
+            p.part0 = ns_main;
+            const bool ok_win = oscar2_cuda_fa_partials(D, Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream);
+            GGML_ASSERT(ok_win && "oscar2 attention: no kernel for the window types");
+        }
+    }
+    fa_unrot un;
+    if (unrot) {
+        un.U = (const float *) unrot->src[0]->data;
+        un.y = (float *) unrot->data;
+    }
+    oscar2_cuda_fa_combine(D, p, sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, n_queries, un, stream);
+    CUDA_CHECK(cudaGetLastError());
+}
