@@ -1,23 +1,28 @@
-// oscar2-cpu.c: CPU kernels for the oscar2 KV-cache types.
+// oscar2-cpu.c: CPU entry points of the oscar2 KV-cache types (ggml-cpu's traits, cache writes,
+// flash attention). The inner loops over the 2-bit codes are in oscar2-rows*.c.
 //
-//   oscar2_cpu_vec_dot_*   dot product of an oscar2 row with an f32 row; the CPU flash
-//                          attention uses it for K.Q (vec_dot_type of oscar2 is F32, so the
-//                          query is never re-quantized).
+//   oscar2_cpu_vec_dot_*   K.Q of an oscar2 row with the f32 query (vec_dot_type of oscar2 is
+//                          F32, so the query is never re-quantized); the row-by-row flash attention
+//                          (decode) calls it through the trait table.
+//   oscar2_cpu_v_mad       P.V of the row-by-row flash attention: acc += p * V row, from the codes.
+//   oscar2_cpu_fa_pack_k / _v  the tiled flash attention (prefill): a tile of K (transposed) or V
+//                          rows as f32, each row converted once per tile of queries; the window's
+//                          rows follow the cache's.
 //   oscar2_cpu_write_row   quantization for set_rows / cpy into the cache, with the clip
 //                          ratio the node carries (ggml_oscar2_get_clip, oscar2-ops.h).
-//   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the CPU flash attention: K.Q
-//                          and V as f32.
+//   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the row-by-row flash attention.
 //
-// Each fast path sits beside its plain reference (`*_scalar`), and the AVX2 path is only
-// compiled where the compiler targets AVX2. The value of an element is m + code*d
-// (oscar2.h); a block's dot product with y is therefore d * sum(code*y) + m * sum(y).
+// Each fast path sits beside its plain reference, and vector code is only compiled where the
+// compiler targets that ISA.
 
 #include "oscar2.h"
 #include "oscar2-cpu.h"
 #include "oscar2-ops.h"
+#include "oscar2-rows.h"
 
 #include "ggml.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -25,136 +30,21 @@
 #define OSCAR2_AVX2 1
 #endif
 
-static inline float fp16_to_fp32(uint16_t h) {
-#if defined(OSCAR2_AVX2)
-    return _cvtsh_ss(h);
-#else
-    // same conversion as oscar2.c, kept local so this file stands alone
-    const uint32_t sign = (uint32_t) (h & 0x8000u) << 16;
-    const uint32_t exp  = (h >> 10) & 0x1fu;
-    const uint32_t mant = h & 0x3ffu;
-    uint32_t u;
-    float f;
-    if (exp == 0) {
-        f = (float) mant * 5.9604644775390625e-08f;
-        return sign ? -f : f;
-    }
-    u = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112u) << 23) | (mant << 13));
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-// ---- reference: scalar dot of one oscar2 row with an f32 row ------------------------------
-
-static float vec_dot_scalar(int n, const uint16_t * d_m_qs_base, size_t block_bytes, int G, const float * y) {
-    const int nb = G/4;
-    float sum = 0.0f;
-    for (int ib = 0; ib < n/G; ++ib) {
-        const uint8_t  * blk = (const uint8_t *) d_m_qs_base + (size_t) ib*block_bytes;
-        uint16_t dh, mh;
-        memcpy(&dh, blk + 0, 2);
-        memcpy(&mh, blk + 2, 2);
-        const uint8_t * qs = blk + 4;
-        const float   * yb = y + ib*G;
-        float sq = 0.0f, sy = 0.0f;
-        for (int j = 0; j < G; ++j) {
-            const int q = (qs[j % nb] >> (2*(j / nb))) & 3;
-            sq += (float) q * yb[j];
-            sy += yb[j];
-        }
-        sum += fp16_to_fp32(dh)*sq + fp16_to_fp32(mh)*sy;
-    }
-    return sum;
-}
-
-#if defined(OSCAR2_AVX2)
-static inline __m256 codes8(__m128i bytes8) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8));
-}
-
-// G = 128: 32 code bytes; shift s gives the codes of elements 32s .. 32s+31
-static float vec_dot_avx2_128(int n, const block_oscar2 * x, const float * y) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m128i three = _mm_set1_epi8(3);
-    for (int ib = 0; ib < n/QK_OSCAR2; ++ib) {
-        const float * yb = y + ib*QK_OSCAR2;
-        const __m128i lo = _mm_loadu_si128((const __m128i *) (x[ib].qs +  0));
-        const __m128i hi = _mm_loadu_si128((const __m128i *) (x[ib].qs + 16));
-        __m256 sq = _mm256_setzero_ps();
-        __m256 sy = _mm256_setzero_ps();
-        for (int s = 0; s < 4; ++s) {
-            const __m128i c0 = _mm_and_si128(_mm_srli_epi16(lo, 2*s), three); // elements 32s + 0..15
-            const __m128i c1 = _mm_and_si128(_mm_srli_epi16(hi, 2*s), three); // elements 32s + 16..31
-            const float * ys = yb + 32*s;
-            const __m256 y0 = _mm256_loadu_ps(ys +  0);
-            const __m256 y1 = _mm256_loadu_ps(ys +  8);
-            const __m256 y2 = _mm256_loadu_ps(ys + 16);
-            const __m256 y3 = _mm256_loadu_ps(ys + 24);
-            sq = _mm256_fmadd_ps(codes8(c0),                    y0, sq);
-            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c0, 8)), y1, sq);
-            sq = _mm256_fmadd_ps(codes8(c1),                    y2, sq);
-            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c1, 8)), y3, sq);
-            sy = _mm256_add_ps(sy, _mm256_add_ps(_mm256_add_ps(y0, y1), _mm256_add_ps(y2, y3)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].d)), sq, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].m)), sy, acc);
-    }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-// G = 64: 16 code bytes; shift s gives the codes of elements 16s .. 16s+15
-static float vec_dot_avx2_64(int n, const block_oscar2_64 * x, const float * y) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m128i three = _mm_set1_epi8(3);
-    for (int ib = 0; ib < n/QK_OSCAR2_64; ++ib) {
-        const float * yb = y + ib*QK_OSCAR2_64;
-        const __m128i raw = _mm_loadu_si128((const __m128i *) x[ib].qs);
-        __m256 sq = _mm256_setzero_ps();
-        __m256 sy = _mm256_setzero_ps();
-        for (int s = 0; s < 4; ++s) {
-            const __m128i c = _mm_and_si128(_mm_srli_epi16(raw, 2*s), three);
-            const __m256 y0 = _mm256_loadu_ps(yb + 16*s + 0);
-            const __m256 y1 = _mm256_loadu_ps(yb + 16*s + 8);
-            sq = _mm256_fmadd_ps(codes8(c),                    y0, sq);
-            sq = _mm256_fmadd_ps(codes8(_mm_srli_si128(c, 8)), y1, sq);
-            sy = _mm256_add_ps(sy, _mm256_add_ps(y0, y1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].d)), sq, acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[ib].m)), sy, acc);
-    }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-#endif
+// ---- the cache rows in flash attention: K.Q and P.V from the 2-bit codes (oscar2-rows.h) ---
 
 // ggml_vec_dot_t: (n, s, bs, x, bx, y, by, nrc); nrc is always 1 for our types
 void oscar2_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc) {
     (void) bs; (void) bx; (void) by; (void) nrc;
-#if defined(OSCAR2_AVX2)
-    *s = vec_dot_avx2_128(n, (const block_oscar2 *) x, (const float *) y);
-#else
-    *s = vec_dot_scalar(n, (const uint16_t *) x, sizeof(block_oscar2), QK_OSCAR2, (const float *) y);
-#endif
+    *s = oscar2_rows_dot(x, (const float *) y, n, QK_OSCAR2);
 }
 
 void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc) {
     (void) bs; (void) bx; (void) by; (void) nrc;
-#if defined(OSCAR2_AVX2)
-    *s = vec_dot_avx2_64(n, (const block_oscar2_64 *) x, (const float *) y);
-#else
-    *s = vec_dot_scalar(n, (const uint16_t *) x, sizeof(block_oscar2_64), QK_OSCAR2_64, (const float *) y);
-#endif
+    *s = oscar2_rows_dot(x, (const float *) y, n, QK_OSCAR2_64);
 }
 
-// The plain reference of both, exported for the tests (fast path vs reference).
-void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const float * y) {
-    *s = vec_dot_scalar(n, (const uint16_t *) x, G == QK_OSCAR2 ? sizeof(block_oscar2) : sizeof(block_oscar2_64), G, y);
+void oscar2_cpu_v_mad(const void * v_row, int type, float * acc, float w, int64_t dv) {
+    oscar2_rows_mad(v_row, w, acc, dv, oscar2_group_size(type));
 }
 
 // ---- quantization into the cache --------------------------------------------------------
@@ -202,7 +92,7 @@ static float window_kq_f16_avx2(const ggml_fp16_t * k, const float * q, int64_t 
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     float s = _mm_cvtss_f32(r);
     for (; i < n; ++i) {
-        s += fp16_to_fp32(k[i])*q[i];
+        s += oscar2_fp16_to_fp32(k[i])*q[i];
     }
     return s;
 }
@@ -213,7 +103,7 @@ static void window_v_f16_avx2(const ggml_fp16_t * v, float * out, int64_t n) {
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (v + i))));
     }
     for (; i < n; ++i) {
-        out[i] = fp16_to_fp32(v[i]);
+        out[i] = oscar2_fp16_to_fp32(v[i]);
     }
 }
 #endif
@@ -242,4 +132,56 @@ void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) 
     }
 #endif
     ggml_get_type_traits((enum ggml_type) type)->to_float(v_row, out, dv);
+}
+
+// ---- tiles of the tiled flash attention (prefill) ----------------------------------------
+
+int oscar2_cpu_fa_tiled(const struct ggml_tensor * k, const struct ggml_tensor * v) {
+    const int ko = oscar2_is_type(k->type), vo = oscar2_is_type(v->type);
+    const int kf = k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32;
+    const int vf = v->type == GGML_TYPE_F16 || v->type == GGML_TYPE_F32;
+    return (ko || vo) && (ko || kf) && (vo || vf);
+}
+
+// row ic of K or V as f32: cache rows first (nek1 = t->ne[1] of them), then the window's.
+// The tiled path multiplies every row of a tile and masks afterwards, where the row-by-row path
+// skips masked rows unread; a window row not written yet may hold NaN, so its non-finite values
+// become 0 (an oscar2 row is finite by construction).
+static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * t_hp, int64_t ic, int64_t i2, int64_t i3, float * out) {
+    if (ic >= t->ne[1]) {
+        const char * row = (const char *) t_hp->data + (ic - t->ne[1])*t_hp->nb[1] + i2*t_hp->nb[2] + i3*t_hp->nb[3];
+        oscar2_cpu_window_v(row, t_hp->type, out, t->ne[0]);
+        for (int64_t i = 0; i < t->ne[0]; ++i) {
+            out[i] = isfinite(out[i]) ? out[i] : 0.0f;
+        }
+        return;
+    }
+    const char * row = (const char *) t->data + ic*t->nb[1] + i2*t->nb[2] + i3*t->nb[3];
+    if (oscar2_is_type(t->type)) {
+        oscar2_rows_to_f32(row, out, t->ne[0], oscar2_group_size(t->type));
+    } else if (t->type == GGML_TYPE_F32) {
+        memcpy(out, row, t->ne[0]*sizeof(float));
+    } else {
+        oscar2_cpu_window_v(row, t->type, out, t->ne[0]); // f16 (F16C where built with it)
+    }
+}
+
+void oscar2_cpu_fa_pack_k(const struct ggml_tensor * k, const struct ggml_tensor * k_hp, int64_t ic, int n_rows, int tile,
+                          int64_t ik2, int64_t ik3, float * k_t) {
+    float row[1024];
+    const int64_t dk = k->ne[0];
+    GGML_ASSERT(dk <= 1024);
+    for (int r = 0; r < n_rows; ++r) {
+        fa_row_f32(k, k_hp, ic + r, ik2, ik3, row);
+        for (int64_t i = 0; i < dk; ++i) {
+            k_t[i*tile + r] = row[i];
+        }
+    }
+}
+
+void oscar2_cpu_fa_pack_v(const struct ggml_tensor * v, const struct ggml_tensor * v_hp, int64_t ic, int n_rows,
+                          int64_t iv2, int64_t iv3, float * v_tile) {
+    for (int r = 0; r < n_rows; ++r) {
+        fa_row_f32(v, v_hp, ic + r, iv2, iv3, v_tile + r*v->ne[0]);
+    }
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "oscar2.h" // oscar2_is_type, oscar2_group_size
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,8 +15,17 @@ extern "C" {
 // ggml_vec_dot_t with vec_dot_type F32
 void oscar2_cpu_vec_dot_f32   (int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
 void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
-// plain reference of the two above (tests)
-void oscar2_cpu_vec_dot_f32_ref(int G, int n, float * s, const void * x, const float * y);
+// P.V of one oscar2 row in the row-by-row flash attention: acc = fma(value, w, acc), from the codes
+void oscar2_cpu_v_mad(const void * v_row, int type, float * acc, float w, int64_t dv);
+
+// the tiled flash attention (prefill) over oscar2 K and/or V (the other f16/f32), window included:
+// whether it applies, and a tile of n_rows rows from row ic (the window's after the nek1 cache rows)
+// as f32, K transposed (k_t[i*tile + r], tile = the tile's row stride) and V row-major
+int  oscar2_cpu_fa_tiled(const struct ggml_tensor * k, const struct ggml_tensor * v);
+void oscar2_cpu_fa_pack_k(const struct ggml_tensor * k, const struct ggml_tensor * k_hp, int64_t ic, int n_rows, int tile,
+                          int64_t ik2, int64_t ik3, float * k_t);
+void oscar2_cpu_fa_pack_v(const struct ggml_tensor * v, const struct ggml_tensor * v_hp, int64_t ic, int n_rows,
+                          int64_t iv2, int64_t iv3, float * v_tile);
 
 // ggml_from_float_t (no clip)
 void oscar2_cpu_from_float   (const float * x, void * y, int64_t k);

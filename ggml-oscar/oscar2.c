@@ -46,6 +46,10 @@ static float oscar_fp16_to_fp32(uint16_t h) {
     return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+float oscar2_fp16_to_fp32(uint16_t h) {
+    return oscar_fp16_to_fp32(h);
+}
+
 // ---- k-th smallest of n non-negative finite floats (in place) -----------------------------
 
 static float kth_smallest(float * a, int n, int k) {

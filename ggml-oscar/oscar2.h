@@ -96,6 +96,14 @@ size_t oscar2_64_quantize(const float * src, void * dst, int64_t nrows, int64_t 
 void oscar2_quantize_row_g  (const float * x, void * y, int64_t k, int G, float clip);
 void oscar2_dequantize_row_g(const void * x, float * y, int64_t k, int G);
 
+// fp16 bits -> fp32, exact (the conversion the reference uses, independent of the host's F16C)
+float oscar2_fp16_to_fp32(uint16_t h);
+
+// bytes of one block of group size G (64 or 128)
+static inline size_t oscar2_block_bytes(int G) {
+    return G == QK_OSCAR2 ? sizeof(block_oscar2) : sizeof(block_oscar2_64);
+}
+
 // true for both oscar2 variants (by type id, so usable without ggml.h)
 static inline int oscar2_is_type(int type) {
     return type == OSCAR2_TYPE_ID || type == OSCAR2_64_TYPE_ID;

@@ -8,6 +8,8 @@
 #   bash gpu/run.sh all           build + test + bench
 #   bash gpu/run.sh assemble      append the carried parts of a full calibrated model (see assemble)
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
+#   bash gpu/run.sh batched [NPP] many sequences decoding together, unified cache and one stream per
+#                                 sequence, f16 vs oscar2 (llama-batched-bench; BATCH_UNIFIED, BATCH_SPLIT)
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the speed targets' depths, in one call
 #   bash gpu/run.sh clocks [D]    tg32/tg128 at depth D (131072) with the SM clock and power logged beside it
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
@@ -39,7 +41,7 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
 
 # sync_oscar DIR: the tree's ggml-oscar made equal to DIR: only the files that differ are copied
 # (a fresh copy's mtimes would make ninja rebuild them all), and files DIR lacks are removed
-# (the CUDA build compiles every ggml-oscar/cuda/*.cu it finds, patch 0012)
+# (the CUDA build compiles every ggml-oscar/cuda/*.cu it finds, patch 0004)
 sync_oscar() {
     local f src=$1 dst=$TREE/vendor/llama.cpp/ggml/src/ggml-oscar
     (cd "$src" && find . -type f) | while read -r f; do
@@ -73,7 +75,7 @@ build() {
             > "$OUT/cmake.log" 2>&1 || { log "cmake failed"; tail -30 "$OUT/cmake.log"; return 1; }
     fi
     local t0=$(date +%s)
-    ninja -C "$B" -k 0 -j"$(nproc)" ${TARGETS:-test-backend-ops llama-bench llama-cli llama-perplexity} > "$OUT/build.log" 2>&1 \
+    ninja -C "$B" -k 0 -j"$(nproc)" ${TARGETS:-test-backend-ops llama-bench llama-batched-bench llama-cli llama-perplexity} > "$OUT/build.log" 2>&1 \
         || { log "build failed"; grep -E "error|Error" "$OUT/build.log" | head -40; return 1; }
     log "build ok in $(( $(date +%s) - t0 )) s"
 }
@@ -234,6 +236,41 @@ synth_model() {
             > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log" >&2; return 1; }
     fi
     echo $M
+}
+
+# batched [NPP]: many sequences decoding together (llama-batched-bench, prompts of NPP tokens,
+# default 4096, then 32 decode steps), f16 against oscar2 in one call: a unified cache (-kvu,
+# llama-server's default) at BATCH_UNIFIED sequences, and one stream per sequence at BATCH_SPLIT
+# (defaults below); prints S_TG (decode tokens/s over all sequences) per row with oscar2/f16
+batched() {
+    local npp=${1:-4096} M T kvu npl maxb tag
+    pyenv
+    M=$(synth_model) || return 1
+    for kvu in -kvu ""; do
+        if [ -n "$kvu" ]; then npl=${BATCH_UNIFIED:-1,4,16,32}; tag=unified; else npl=${BATCH_SPLIT:-1,8,32,64}; tag=split; fi
+        maxb=$(tr ',' '\n' <<< "$npl" | sort -n | tail -1)
+        for T in ${BATCH_TYPES:-f16 oscar2}; do
+            "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((maxb*(npp + 64))) -npp $npp -ntg 32 -npl $npl \
+                -ctk $T -ctv $T > "$OUT/batched_${tag}_$T.txt" 2> "$OUT/batched_${tag}_$T.err" \
+                || log "batched $tag $T failed: $(tail -2 "$OUT/batched_${tag}_$T.err" | tr '\n' ' ')"
+        done
+    done
+    python3 - "$OUT" ${BATCH_TYPES:-f16 oscar2} <<'PY' | tee -a "$OUT/summary.txt"
+import pathlib, sys
+out, types = pathlib.Path(sys.argv[1]), sys.argv[2:]
+for tag in ("unified", "split"):
+    tg = {}
+    for t in types:
+        f = out / f"batched_{tag}_{t}.txt"
+        for line in (f.read_text().splitlines() if f.exists() else []):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 10 and cells[0].isdigit():
+                tg[(t, int(cells[2]))] = float(cells[7])
+    for b in sorted({b for _, b in tg}):
+        row = "  ".join(f"{t} {tg[(t, b)]:8.1f}" if (t, b) in tg else f"{t} -" for t in types)
+        ratio = f"  {types[-1]}/{types[0]} {tg[(types[-1], b)]/tg[(types[0], b)]:.2f}x" if all((t, b) in tg for t in types) else ""
+        print(f"batched {tag:7s} B={b:<4d} S_TG  {row}{ratio}")
+PY
 }
 
 # profile [DEPTH]: where decode time goes.
@@ -630,6 +667,7 @@ case "${1:-all}" in
     bench) build && bench "${2:-}" ;;
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
+    batched) build && batched "${2:-}" ;;
     clocks) build && clocks "${2:-}" ;;
     perf)  build && perf ;;
     trace) build && trace ;;

@@ -55,7 +55,11 @@ class GGML:
         c = self.cpu
         c.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
         c.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCPU)
-        c.oscar2_cpu_vec_dot_f32_ref.argtypes = [ctypes.c_int, ctypes.c_int, _vp, _vp, _vp]
+        # the row loops of the CPU flash attention (ggml-oscar/oscar2-rows.h): reference and fast path
+        c.oscar2_rows_dot_scalar.argtypes = [_vp, _vp, _c_int64, ctypes.c_int]
+        c.oscar2_rows_dot_scalar.restype = ctypes.c_float
+        c.oscar2_rows_mad_scalar.argtypes = [_vp, ctypes.c_float, _vp, _c_int64, ctypes.c_int]
+        c.oscar2_cpu_v_mad.argtypes = [_vp, ctypes.c_int, _vp, ctypes.c_float, _c_int64]
         c.oscar2_cpu_window_kq.argtypes = [_vp, ctypes.c_int, _vp, _c_int64]
         c.oscar2_cpu_window_kq.restype = ctypes.c_float
         c.oscar2_cpu_window_v.argtypes = [_vp, ctypes.c_int, _vp, _c_int64]
@@ -82,10 +86,19 @@ class GGML:
         return y
 
     def oscar2_vec_dot_ref(self, data: bytes, y: np.ndarray, group: int) -> float:
+        """The scalar reference of K.q (the vector path is the type's vec_dot)."""
         y = np.ascontiguousarray(y, dtype=np.float32)
-        s = ctypes.c_float()
-        self.cpu.oscar2_cpu_vec_dot_f32_ref(group, y.size, ctypes.byref(s), data, _ptr(y))
-        return s.value
+        return self.cpu.oscar2_rows_dot_scalar(data, _ptr(y), y.size, group)
+
+    def oscar2_v_mad(self, t: int, data: bytes, w: float, acc: np.ndarray, reference: bool = False) -> np.ndarray:
+        """acc + w * (the oscar2 row of type t), fused per element: the flash attention's P.V step."""
+        out = np.array(acc, dtype=np.float32, copy=True)
+        if reference:
+            group = 128 if self.type_name(t) == "oscar2" else 64
+            self.cpu.oscar2_rows_mad_scalar(data, w, _ptr(out), out.size, group)
+        else:
+            self.cpu.oscar2_cpu_v_mad(data, t, _ptr(out), w, out.size)
+        return out
 
     # --- the CPU flash attention's window rows (F16C where built with it) ------------------
     def window_kq(self, t: int, k_row: np.ndarray, q: np.ndarray) -> float:

@@ -76,7 +76,7 @@ def test_harness_reports_a_real_abort(tmp_path):
 
 
 def test_block_count_zero_is_refused_by_the_loader(tmp_path):
-    """It used to abort in llama.cpp's load_hparams (an upstream assert); patch 0014 makes it a
+    """It used to abort in llama.cpp's load_hparams (an upstream assert); patch 0011 makes it a
     load error, so the fuzzer's loader worker sees a refusal and goes on."""
     fz = F.Fuzzer(0, workdir=tmp_path / "w")
     rep = fz.replay({"target": "gguf", "mutations": [{"op": "block_count", "value": 0}]})

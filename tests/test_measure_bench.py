@@ -100,3 +100,23 @@ def test_weights_read_per_token(tiny_model):
     wb = bench.weight_bytes_per_token(tiny_model)
     # tied embeddings: the output matrix is the embedding, read whole; a bit under the file
     assert 0.8 * info.file_size < wb < info.file_size
+
+
+def test_bench_cpu_preset(tiny_model, tmp_path, capsys):
+    # --cpu: attention on the CPU (-ngl 0) for the four KV types in one run, ratios to f16
+    out = tmp_path / "out"
+    code = cli(["bench", "--cpu", str(tiny_model), "-d", "0,64", "-p", "16", "-n", "4", "-r", "1", "-t", "2",
+                "--no-progress", "-o", str(out), "--oscar-args", "--oscar-sink 8 --oscar-recent 16"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["meta"]["ngl"] == 0 and data["meta"]["kv_types"] == list(bench.DEFAULT_TYPES)
+    assert {(r["kv_type"], r["test"]) for r in data["rows"]} == {
+        (t, test) for t in bench.DEFAULT_TYPES for test in ("pp16", "tg4")}
+    assert all(r["ratio_vs_f16"] > 0 for r in data["rows"])
+    assert "-ngl 0" in (out / "logs" / "bench-oscar2.log").read_text()
+    assert "pp16: tokens/s (ratio to f16)" in printed
+    assert cli(["bench", "--cpu", "--serve", str(tiny_model)]) == 2
+    assert cli(["bench", "--no-progress"]) == 2
+    errs = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(errs) == 2 and all(ln.startswith("oscar bench: error:") for ln in errs), errs

@@ -14,6 +14,7 @@
 #include "oscar2-common.cuh"
 
 #define OSCAR_FA_WARPS 4           // warps per block of every attention kernel
+#define OSCAR_LIVE_ROWS 32         // rows per chunk of a live-chunk list (one warp step of k_fa_int2_mma)
 #define OSCAR_INT2_BLOCKS_PER_SM 3 // k_fa_int2's launch bounds; attn-decode.cu sizes its splits by it
 #define OSCAR_MMA_BLOCKS_PER_SM 3  // k_fa_int2_mma's launch bounds (12 warps per SM: with 8 the kernel
                                    // waits on latency); attn-decode.cu sizes its splits by it
@@ -24,6 +25,10 @@ struct fa_source {
     const char * V; int64_t nbv1, nbv2, nbv3;
     const half * mask;   // first mask column of this source
     int n_rows;
+    // or null: the OSCAR_LIVE_ROWS-row chunks that some query of a group of blocks sees, in
+    // order (attn-live.cu); list (mask stream s, group z) starts at live + (s*n_groups + z)*live_stride
+    // and holds live_count[s*n_groups + z] chunks. Only k_fa_int2_mma reads it.
+    const int * live; const int * live_count; int live_stride;
 };
 
 struct fa_params {
@@ -105,6 +110,11 @@ bool oscar2_cuda_fa_partials(int D, ggml_type kt, ggml_type vt, const fa_source 
 // type wt (GGML_TYPE_COUNT: none) in the same launch (k_fa_int2_mma; the grid is in its header)
 void oscar2_cuda_fa_int2_mma(ggml_type t, ggml_type wt, int D, int nqb, const fa_source & src, const fa_source & win,
         const fa_params & p, int ns_main, int rps_main, int ns_win, int rps_win, int rps_lite, int n_groups, cudaStream_t stream);
+
+// attn-live.cu: src's live-chunk list (fa_source::live) for groups of tokens_per_group query
+// tokens, from the mask; live: mask_ne3*n_groups*live_stride ints, count: mask_ne3*n_groups
+void oscar2_cuda_fa_live_chunks(const fa_source & src, const fa_params & p, int tokens_per_group, int n_groups,
+        int * live, int * count, int live_stride, cudaStream_t stream);
 
 // attn-combine.cu: the partials of p merged into dst, and with un.U the output's un-rotation into un.y
 void oscar2_cuda_fa_combine(int D, const fa_params & p, const float * sinks, float * dst, int64_t n_queries,

@@ -67,7 +67,23 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         p.scale /= p.softcap;
     }
 
-    const int nqb = nq_bucket(gqa*(int) Q->ne[1], D);
+    // the window's type for the mma kernel: COUNT = no window; F32 = K and V differ (not taken)
+    // (and F32 too when its K rows are not 16-byte aligned: fa_window_rows_f16 reads them as uint4)
+    auto aligned16 = [](const ggml_tensor * t) {
+        return (uintptr_t) t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
+    };
+    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type && aligned16(Kw) && aligned16(Vw) ? Kw->type : GGML_TYPE_F32;
+    // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
+    const bool mma_arch = ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
+
+    // Queries per block. Where the tensor-core kernel takes the types, a step with more queries
+    // than its 8 (several sequences, or a speculative batch) gets more groups of blocks, each
+    // reading the cache again, rather than the CUDA-core kernel, which costs far more per row
+    // than the reads save.
+    int nqb = nq_bucket(gqa*(int) Q->ne[1], D);
+    if (nqb > 8 && gqa <= 8 && mma_arch && uses_int2_mma(K->type, V->type, D, 8, wt)) {
+        nqb = 8;
+    }
     const int tokens_per_block = std::max(1, nqb/gqa);
     const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
 
@@ -85,14 +101,7 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
     int ns_main, rps_main, ns_win = 0, rps_win = 0, rps_lite = 0;
-    // the window's type for the mma kernel: COUNT = no window; F32 = K and V differ (not taken)
-    // (and F32 too when its K rows are not 16-byte aligned: fa_window_rows_f16 reads them as uint4)
-    auto aligned16 = [](const ggml_tensor * t) {
-        return (uintptr_t) t->data % 16 == 0 && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0;
-    };
-    const ggml_type wt = !Kw ? GGML_TYPE_COUNT : Kw->type == Vw->type && aligned16(Kw) && aligned16(Vw) ? Kw->type : GGML_TYPE_F32;
-    // (the arch the binary holds code for, not only the device's: a build for sm_75 has no mma body)
-    const bool mma = uses_int2_mma(K->type, V->type, D, nqb, wt) && ampere_mma_available(ggml_cuda_info().devices[ctx.device].cc);
+    const bool mma = mma_arch && uses_int2_mma(K->type, V->type, D, nqb, wt);
     if (mma) {
         // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
         // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma), or
@@ -143,6 +152,18 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         sw = { (const char *) Kw->data, (int64_t) Kw->nb[1], (int64_t) Kw->nb[2], (int64_t) Kw->nb[3],
                (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
                mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
+    }
+    // several query tokens (sequences of a unified cache, or a speculative batch): each group of
+    // blocks takes only the cache chunks its tokens see (attn-live.cu)
+    const int live_stride = (int) ((K->ne[1] + OSCAR_LIVE_ROWS - 1)/OSCAR_LIVE_ROWS);
+    ggml_cuda_pool_alloc<int> live(ctx.pool()), live_count(ctx.pool());
+    if (mma && mask && Q->ne[1] > 1) {
+        live.alloc((size_t) p.mask_ne3*n_groups*live_stride);
+        live_count.alloc((size_t) p.mask_ne3*n_groups);
+        oscar2_cuda_fa_live_chunks(sm, p, tokens_per_block, n_groups, live.get(), live_count.get(), live_stride, stream);
+        sm.live = live.get();
+        sm.live_count = live_count.get();
+        sm.live_stride = live_stride;
     }
     p.part0 = 0;
     if (mma) {

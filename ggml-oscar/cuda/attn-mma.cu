@@ -34,6 +34,8 @@
 
 #include "attn-window.cuh"
 
+#include <climits>
+
 #define OSCAR_MMA_ROWS 32         // rows per warp and step
 #define OSCAR_MMA_QMAX 32512      // the query: 15-bit integers, 127*256, so hi = (x + 128) >> 8 fits int8
 #define OSCAR_CODE_UNSCALE 65536.0f // 2^16: a V product over codes_f16x2 back to the codes' sum
@@ -126,7 +128,7 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 // lo parts (4..7), so one mma per V tile and k16 step takes both parts (16 HMMA a step, not 32);
 // a lane's B fragment of the other step comes from lane ^ 16, and the two columns of a query are
 // summed at the end. Same products, half the per-row work: for 8B models' decode (GQA 4).
-template <int D, ggml_type T, ggml_type WT, int NQB>
+template <int D, ggml_type T, ggml_type WT, int NQB, bool LIST>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
 static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int main0,
         const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split, const int rows_lite) {
@@ -158,7 +160,6 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     constexpr int NW  = KB/4;      // ... as words: 2 (G = 128) or 1 (G = 64)
     constexpr int NC  = G/32;      // k32 steps per group
     constexpr int NTV = G/16;      // V tiles (16 head dims each) per group
-    constexpr int R   = OSCAR_MMA_ROWS;
     static_assert(NW >= 1 && 2*NC == 4*NW && NG >= 1, "group layout");
 
     const int lane  = threadIdx.x;
@@ -174,6 +175,17 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int n_lite = main0 == 0 ? min(ns_win, ns_main) : 0;
     const int r0    = split < n_lite ? split*rows_lite : n_lite*rows_lite + (split - n_lite)*rows_per_split;
     const int r1    = min(src.n_rows, r0 + (split < n_lite ? rows_lite : rows_per_split));
+    // LIST: the block takes its share [i0, i1) of its group's live chunks instead (attn-live.cu)
+    const int * live = nullptr;
+    int i0 = 0, i1 = 0;
+    if constexpr (LIST) {
+        const int gl  = (s3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
+        const int n   = src.live_count[gl];
+        const int per = (n + ns_main - 1)/ns_main;
+        live = src.live + (int64_t) gl*src.live_stride;
+        i0   = min(n, split*per);
+        i1   = min(n, i0 + per);
+    }
     const bool qok  = g < nq;      // the lane's A rows (query g) hold a query
     const int tok   = tok0 + g / p.gqa;
     const int head  = hkv*p.gqa + g % p.gqa;
@@ -275,7 +287,21 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     // the code words' bases, with the lane's offset in the row folded in (not one 64-bit add a load)
     const char * Kc = Kh + 4 + qq*KB;
     const char * Vc = Vh + 4 + 4*vword;
-    const int rlast = r1 - 1; // rows past the end read this row (in range) and are masked
+    // the warp's k-th step: its first row (past the end: none), and its last row in range (rows
+    // past it read that row and are masked): rows [r0, r1) in steps of STEP, or (LIST) one live
+    // chunk of the list after another
+    constexpr int STEP = OSCAR_FA_WARPS*OSCAR_MMA_ROWS;
+    auto step_row = [&](const int k) {
+        if constexpr (LIST) {
+            const int i = i0 + w + k*OSCAR_FA_WARPS;
+            return i < i1 ? OSCAR_LIVE_ROWS*__ldg(live + i) : INT_MAX;
+        } else {
+            return r0 + w*OSCAR_MMA_ROWS + k*STEP;
+        }
+    };
+    auto step_last = [&](const int rb) { return LIST ? min(src.n_rows - OSCAR_LIVE_ROWS, rb) + OSCAR_LIVE_ROWS - 1 : r1 - 1; };
+    auto in_range  = [&](const int rb) { return LIST ? rb < src.n_rows : rb < r1; };
+    static_assert(!LIST || OSCAR_LIVE_ROWS == OSCAR_MMA_ROWS, "a live chunk is one warp step");
 
     // one step's code words, headers and mask, loaded a step ahead. Own row i (0..7) is
     // rb + 8(i/2) + 2qq + i%2. (Loading the headers and the mask at the start of the step that
@@ -292,12 +318,12 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     auto kcodes = [&](const uint32_t * kw, int li) { return (int) ((kw[li % NW] >> (2*(li / NW))) & 0x03030303u); };
     // fragment row i (0..7) of the V product's A: rb + 8(i/2) + 2qq + i%2; own row i (scores) is
     // fragment row 4u + i
-    auto frag_row = [&](int rb, int i) { return min(rb + 8*(i/2) + 2*qq + i%2, rlast); };
+    auto frag_row = [&](int rb, int i, int last) { return min(rb + 8*(i/2) + 2*qq + i%2, last); };
     const half * mask_q = mask && sok ? mask + stok*p.mask_nb1 : nullptr;
-    auto load_step = [&](step & st, const int rb) {
+    auto load_step = [&](step & st, const int rb, const int last) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const char * kr = row_ptr(Kc, min(rb + 8*t + g, rlast), nbk1);
+            const char * kr = row_ptr(Kc, min(rb + 8*t + g, last), nbk1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
 #pragma unroll
@@ -308,7 +334,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const char * vr = row_ptr(Vc, frag_row(rb, i), nbv1);
+            const char * vr = row_ptr(Vc, frag_row(rb, i, last), nbv1);
 #pragma unroll
             for (int gi = 0; gi < NG; ++gi) {
                 st.vw[i][gi] = __ldg((const unsigned int *) (vr + gi*BY));
@@ -316,7 +342,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
 #pragma unroll
         for (int i = 0; i < NO; ++i) {
-            const int r = frag_row(rb, 4*u + i);
+            const int r = frag_row(rb, 4*u + i, last);
             st.mk[i] = mask_q ? mask_q[(uint32_t) r] : __float2half(0.0f);
             const char * kr = row_ptr(Kh, r, nbk1);
             const char * vr = row_ptr(Vh, r, nbv1);
@@ -328,22 +354,34 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         }
     };
 
-    constexpr int STEP = OSCAR_FA_WARPS*R;
     step cur, nxt;
-    int rb = r0 + w*R;
-    if (rb < r1) {
-        load_step(cur, rb);
+    int rb = step_row(0), last = step_last(rb), rn, ln;
+    if (in_range(rb)) {
+        load_step(cur, rb, last);
     }
-    for (; rb < r1; rb += STEP) {
-        if (rb + STEP < r1) {
-            load_step(nxt, rb + STEP);
+    for (int k = 1; in_range(rb); ++k, rb = rn, last = ln) {
+        rn = step_row(k);
+        ln = step_last(rn);
+        if (in_range(rn)) {
+            load_step(nxt, rn, ln);
         }
         // the mask of the own rows (rows past the end: -inf)
         float mk[NO];
 #pragma unroll
         for (int i = 0; i < NO; ++i) {
             const int r = rb + 8*(2*u + i/2) + 2*qq + i%2;
-            mk[i] = (sok && r < r1) ? __half2float(cur.mk[i]) : -INFINITY;
+            mk[i] = (sok && r <= last) ? __half2float(cur.mk[i]) : -INFINITY;
+        }
+        // a step that no query of the block sees (other sequences' cells in a unified cache)
+        // changes nothing below: skipped, exactly
+        bool seen = false;
+#pragma unroll
+        for (int i = 0; i < NO; ++i) {
+            seen = seen || mk[i] != -INFINITY;
+        }
+        if (!__any_sync(0xffffffff, seen)) {
+            cur = nxt;
+            continue;
         }
         const auto & kdm = cur.kdm;
         const auto & vdm = cur.vdm;
@@ -548,8 +586,13 @@ static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & 
     const int main0 = ns_win > ns_main ? ns_win : 0;
     const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
-#define OSCAR_MMA_CASE(N_) case N_: launch_dependent(k_fa_int2_mma<D, T, WT, N_>, grid, block, 0, stream, \
-        src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); break;
+    // (one query a block is one token: no list; see attn-live.cu)
+#define OSCAR_MMA_CASE(N_) case N_: \
+        if (src.live) launch_dependent(k_fa_int2_mma<D, T, WT, N_, (N_ > 1)>, grid, block, 0, stream, \
+            src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
+        else launch_dependent(k_fa_int2_mma<D, T, WT, N_, false>, grid, block, 0, stream, \
+            src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
+        break;
     switch (nqb) {
         OSCAR_MMA_CASE(1)
         OSCAR_MMA_CASE(2)

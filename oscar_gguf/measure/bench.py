@@ -32,6 +32,9 @@ from .tool_runs import EvalError, last_error_line, load_model_info, machine_desc
 DEFAULT_TYPES = ("f16", "q8_0", "q4_0", "oscar2")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768)
 DEFAULT_PROMPT, DEFAULT_GEN = 512, 64
+# `oscar bench --cpu`: attention on the CPU (-ngl 0), where a 2-bit cache should pay off at depth
+CPU_DEPTHS = (0, 4096, 16384)
+CPU_GEN = 32
 
 
 

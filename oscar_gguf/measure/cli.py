@@ -179,9 +179,19 @@ def cmd_bench(args) -> int:
     if stray:
         flag = (_BENCH_ONLY if args.serve else _SERVE_ONLY)[next(iter(stray))]
         return _fail("bench", f"{flag} does not go with --serve" if args.serve else f"{flag} goes with --serve")
+    if args.cpu and args.serve:
+        return _fail("bench", "--cpu does not go with --serve")
+    if args.model is None and not args.cpu:
+        return _fail("bench", "give a model GGUF (only --cpu defaults to the bundled model)")
+    if args.ngl is None:
+        args.ngl = 0 if args.cpu else 99
     if args.serve:
         return _cmd_serve(args)
-    depths = args.depths or list(bench.DEFAULT_DEPTHS)
+    if args.cpu:
+        from .. import bundled_model_path
+        args.model = args.model or str(bundled_model_path())
+    depths = args.depths or list(bench.CPU_DEPTHS if args.cpu else bench.DEFAULT_DEPTHS)
+    n_gen = args.n if args.n is not None else (bench.CPU_GEN if args.cpu else bench.DEFAULT_GEN)
     try:
         if args.roofline_only:
             if not args.bandwidth:
@@ -193,7 +203,7 @@ def cmd_bench(args) -> int:
             return 0
         res = bench.run_bench(args.model, kv_types=args.types, depths=depths,
                               n_prompt=bench.DEFAULT_PROMPT if args.p is None else args.p,
-                              n_gen=bench.DEFAULT_GEN if args.n is None else args.n,
+                              n_gen=n_gen,
                               ngl=args.ngl, reps=args.reps, n_threads=args.threads,
                               extra_args=shlex.split(args.llama_args), oscar_args=shlex.split(args.oscar_args),
                               out_dir=args.out, bandwidth_gbs=args.bandwidth, progress=not args.no_progress,
@@ -225,7 +235,7 @@ def _cmd_serve(args) -> int:
 
 
 def _add_bench(sub) -> None:
-    from .bench import DEFAULT_DEPTHS, DEFAULT_GEN, DEFAULT_PROMPT, DEFAULT_TYPES
+    from .bench import CPU_DEPTHS, CPU_GEN, DEFAULT_DEPTHS, DEFAULT_GEN, DEFAULT_PROMPT, DEFAULT_TYPES
     from .serve import DEFAULT_CLIENTS, DEFAULT_SLOTS
     from .serve import DEFAULT_GEN as SERVE_GEN, DEFAULT_PROMPT as SERVE_PROMPT
     p = sub.add_parser("bench", help="llama-bench per KV type and depth, ratios vs f16, plot, roofline; "
@@ -235,7 +245,11 @@ def _add_bench(sub) -> None:
                                    "with -np N and with its default slots, under N concurrent streaming "
                                    "clients, and prints decode tokens/s, time to first token and "
                                    "inter-token latency.")
-    p.add_argument("model", help="model GGUF (e.g. from `oscar synth`)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model GGUF (e.g. from `oscar synth`); with --cpu, default: the bundled model")
+    p.add_argument("--cpu", action="store_true",
+                   help="attention on the CPU: -ngl 0, depths " + ",".join(map(str, CPU_DEPTHS)) +
+                        f", tg{CPU_GEN} (each still settable)")
     p.add_argument("--types", type=_str_list, default=list(DEFAULT_TYPES),
                    help="KV types (default " + ",".join(DEFAULT_TYPES) + ")")
     p.add_argument("-d", "--depths", type=_int_list, default=None,
@@ -244,7 +258,7 @@ def _add_bench(sub) -> None:
                    help=f"prompt tokens of the pp test (0: none; default {DEFAULT_PROMPT})")
     p.add_argument("-n", type=int, default=None,
                    help=f"generated tokens of the tg test (0: none; default {DEFAULT_GEN})")
-    p.add_argument("-ngl", type=int, default=99, help="layers on the GPU (default 99)")
+    p.add_argument("-ngl", type=int, default=None, help="layers on the GPU (default 99; 0 with --cpu)")
     p.add_argument("-r", "--reps", type=_positive_int, default=None, help="repetitions (llama-bench default 5)")
     p.add_argument("-t", "--threads", type=_positive_int, default=None)
     p.add_argument("--llama-args", default="", help="extra llama-bench (llama-server with --serve) flags for every run")

@@ -1,0 +1,85 @@
+// oscar2-rows-avx2.c: the row loops of oscar2-rows.h with AVX2, FMA and F16C (x86-64).
+// Tested against oscar2-rows-scalar.c: mad and to_f32 bit for bit, dot within float summation
+// order (tests/c/oscar2_rows_check.c, tests/test_oscar2_rows.py).
+//
+// A block's G/4 code bytes are read 8 at a time, widened to eight 32-bit lanes; shifting those by
+// 2s gives the codes of elements s*G/4 + 8c .. +7 (byte b holds elements b, b+G/4, b+G/2, b+3G/4),
+// so each step of 8 lanes is one and, one convert and one shift, with no shuffles.
+
+#include "oscar2-rows.h"
+
+#if defined(OSCAR2_ROWS_AVX2)
+#include <immintrin.h>
+
+static inline float hsum(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+static inline __m256i bytes8(const uint8_t * p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) p));
+}
+
+float oscar2_rows_dot_avx2(const void * x, const float * y, int64_t n, int G) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    const __m256i three = _mm256_set1_epi32(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b = (const block_oscar2 *) ((const uint8_t *) x + ib*bs);
+        const float * yb = y + ib*G;
+        __m256 sq0 = _mm256_setzero_ps(), sq1 = _mm256_setzero_ps();
+        __m256 sy0 = _mm256_setzero_ps(), sy1 = _mm256_setzero_ps();
+        for (int c = 0; c < q4; c += 8) {
+            const __m256i raw = bytes8(b->qs + c);
+            const __m256 y0 = _mm256_loadu_ps(yb + 0*q4 + c);
+            const __m256 y1 = _mm256_loadu_ps(yb + 1*q4 + c);
+            const __m256 y2 = _mm256_loadu_ps(yb + 2*q4 + c);
+            const __m256 y3 = _mm256_loadu_ps(yb + 3*q4 + c);
+            sq0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw, three)),                         y0, sq0);
+            sq1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(raw, 2), three)), y1, sq1);
+            sq0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(raw, 4), three)), y2, sq0);
+            sq1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(raw, 6)),                           y3, sq1);
+            sy0 = _mm256_add_ps(sy0, _mm256_add_ps(y0, y1));
+            sy1 = _mm256_add_ps(sy1, _mm256_add_ps(y2, y3));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_add_ps(sq0, sq1), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b->m)), _mm256_add_ps(sy0, sy1), acc);
+    }
+    return hsum(acc);
+}
+
+// value = fma(code, d, m): code*d is exact, so this is m + code*d with its one rounding.
+// accumulate: out = fma(value, w, out) (mad), else out = value (to_f32); inlined with a constant.
+static inline void values(const void * x, float w, float * out, int64_t n, int G, int accumulate) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    const __m256i three = _mm256_set1_epi32(3);
+    const __m256 wv = _mm256_set1_ps(w);
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b = (const block_oscar2 *) ((const uint8_t *) x + ib*bs);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        const __m256 m = _mm256_set1_ps(_cvtsh_ss(b->m));
+        float * ob = out + ib*G;
+        for (int c = 0; c < q4; c += 8) {
+            __m256i raw = bytes8(b->qs + c);
+            for (int s = 0; s < 4; ++s) {
+                const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw, three)), d, m);
+                float * o = ob + s*q4 + c;
+                _mm256_storeu_ps(o, accumulate ? _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(o)) : v);
+                raw = _mm256_srli_epi32(raw, 2);
+            }
+        }
+    }
+}
+
+void oscar2_rows_mad_avx2(const void * x, float w, float * acc, int64_t n, int G) {
+    values(x, w, acc, n, G, 1);
+}
+
+void oscar2_rows_to_f32_avx2(const void * x, float * y, int64_t n, int G) {
+    values(x, 0.0f, y, n, G, 0);
+}
+#endif

@@ -1,0 +1,97 @@
+// oscar2-rows-neon.c: the row loops of oscar2-rows.h with Arm NEON (AArch64, float arithmetic).
+// Tested against oscar2-rows-scalar.c: mad and to_f32 bit for bit, dot within float summation
+// order, by tests/c/oscar2_rows_check.c cross-compiled for aarch64 and run under qemu-aarch64
+// (tests/test_oscar2_rows.py).
+//
+// The query stays f32, so the dot product is float FMAs: the int8 dot-product instructions would
+// need a quantized query, which would change the scores beyond summation order.
+//
+// A block's code bytes are read 16 at a time; shifting them by 2s gives the codes of elements
+// s*G/4 + 16h .. +15 (byte b holds elements b, b+G/4, b+G/2, b+3G/4), widened to four float32x4.
+
+#include "oscar2-rows.h"
+
+#if defined(OSCAR2_ROWS_NEON)
+#include <arm_neon.h>
+
+static inline float half_to_f32(uint16_t h) {
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
+// the 16 codes of c (one per byte, 0..3) as four float32x4, elements 0-3, 4-7, 8-11, 12-15
+static inline void codes16(uint8x16_t c, float32x4_t out[4]) {
+    const uint16x8_t lo = vmovl_u8(vget_low_u8(c));
+    const uint16x8_t hi = vmovl_high_u8(c);
+    out[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
+    out[1] = vcvtq_f32_u32(vmovl_high_u16(lo));
+    out[2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
+    out[3] = vcvtq_f32_u32(vmovl_high_u16(hi));
+}
+
+float oscar2_rows_dot_neon(const void * x, const float * y, int64_t n, int G) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    const uint8x16_t three = vdupq_n_u8(3);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b = (const block_oscar2 *) ((const uint8_t *) x + ib*bs);
+        const float * yb = y + ib*G;
+        float32x4_t sq[4] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+        float32x4_t sy[4] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+        for (int h = 0; h < q4; h += 16) {
+            uint8x16_t raw = vld1q_u8(b->qs + h);
+            for (int s = 0; s < 4; ++s) {
+                float32x4_t c[4];
+                codes16(vandq_u8(raw, three), c);
+                const float * ys = yb + s*q4 + h;
+                for (int i = 0; i < 4; ++i) {
+                    const float32x4_t yv = vld1q_f32(ys + 4*i);
+                    sq[i] = vfmaq_f32(sq[i], c[i], yv);
+                    sy[i] = vaddq_f32(sy[i], yv);
+                }
+                raw = vshrq_n_u8(raw, 2);
+            }
+        }
+        const float32x4_t q = vaddq_f32(vaddq_f32(sq[0], sq[1]), vaddq_f32(sq[2], sq[3]));
+        const float32x4_t s = vaddq_f32(vaddq_f32(sy[0], sy[1]), vaddq_f32(sy[2], sy[3]));
+        acc = vfmaq_n_f32(acc, q, half_to_f32(b->d));
+        acc = vfmaq_n_f32(acc, s, half_to_f32(b->m));
+    }
+    return vaddvq_f32(acc);
+}
+
+// value = fma(code, d, m): code*d is exact, so this is m + code*d with its one rounding.
+// accumulate: out = fma(value, w, out) (mad), else out = value (to_f32); inlined with a constant.
+static inline void values(const void * x, float w, float * out, int64_t n, int G, int accumulate) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    const uint8x16_t three = vdupq_n_u8(3);
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b = (const block_oscar2 *) ((const uint8_t *) x + ib*bs);
+        const float32x4_t d = vdupq_n_f32(half_to_f32(b->d));
+        const float32x4_t m = vdupq_n_f32(half_to_f32(b->m));
+        float * ob = out + ib*G;
+        for (int h = 0; h < q4; h += 16) {
+            uint8x16_t raw = vld1q_u8(b->qs + h);
+            for (int s = 0; s < 4; ++s) {
+                float32x4_t c[4];
+                codes16(vandq_u8(raw, three), c);
+                for (int i = 0; i < 4; ++i) {
+                    float * o = ob + s*q4 + h + 4*i;
+                    const float32x4_t v = vfmaq_f32(m, c[i], d);
+                    vst1q_f32(o, accumulate ? vfmaq_n_f32(vld1q_f32(o), v, w) : v);
+                }
+                raw = vshrq_n_u8(raw, 2);
+            }
+        }
+    }
+}
+
+void oscar2_rows_mad_neon(const void * x, float w, float * acc, int64_t n, int G) {
+    values(x, w, acc, n, G, 1);
+}
+
+void oscar2_rows_to_f32_neon(const void * x, float * y, int64_t n, int G) {
+    values(x, 0.0f, y, n, G, 0);
+}
+#endif

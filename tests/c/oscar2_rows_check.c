@@ -1,0 +1,89 @@
+// oscar2_rows_check.c: the vector row loops of ggml-oscar/oscar2-rows.h (whichever ISA this is
+// compiled for: AVX2, NEON, or none) against their scalar reference, on random blocks made by the
+// reference quantizer. Built without ggml from oscar2.c and the oscar2-rows-*.c files, natively and
+// cross-compiled for aarch64 (run under qemu-aarch64) by tests/test_oscar2_rows.py.
+//
+// mad and to_f32 must match bit for bit; dot within 1e-5 of sum |value|*|y| (float summation
+// order). Prints the ISA and "N passed, N failed"; exits 1 on any failure.
+
+#include "oscar2-rows.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float uniform(void) {           // [0, 1)
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (float) (rng_state >> 40) / 16777216.0f;
+}
+
+static float gauss(void) {
+    const float u = uniform() + 1e-7f, v = uniform();
+    return sqrtf(-2.0f*logf(u)) * cosf(6.2831853f*v);
+}
+
+static const char * isa(void) {
+#if defined(OSCAR2_ROWS_AVX2)
+    return "avx2";
+#elif defined(OSCAR2_ROWS_NEON)
+    return "neon";
+#else
+    return "scalar";
+#endif
+}
+
+#define MAXN 1024
+
+int main(void) {
+    static float x[MAXN], y[MAXN], vals[MAXN], a_ref[MAXN], a_vec[MAXN], t_ref[MAXN], t_vec[MAXN];
+    static uint8_t blocks[MAXN/64*20 + 64];
+    int passed = 0, failed = 0;
+    const int groups[2] = { QK_OSCAR2_64, QK_OSCAR2 };
+    const float scales[4] = { 1e-3f, 1.0f, 37.0f, 3e3f };
+    for (int gi = 0; gi < 2; ++gi) {
+        const int G = groups[gi];
+        for (int trial = 0; trial < 200; ++trial) {
+            const int n = G * (1 + trial % (MAXN/G));
+            const float sc = scales[trial % 4];
+            for (int j = 0; j < n; ++j) {
+                x[j] = gauss()*sc + (trial % 3 == 0 ? 5.0f*sc : 0.0f);
+                y[j] = gauss();
+                a_ref[j] = a_vec[j] = gauss();
+            }
+            oscar2_quantize_row_g(x, blocks, n, G, trial % 2 ? 0.96f : 1.0f);
+
+            oscar2_rows_to_f32_scalar(blocks, t_ref, n, G);
+            oscar2_rows_to_f32(blocks, t_vec, n, G);
+            int ok = memcmp(t_ref, t_vec, n*sizeof(float)) == 0;
+
+            const float w = gauss();
+            oscar2_rows_mad_scalar(blocks, w, a_ref, n, G);
+            oscar2_rows_mad(blocks, w, a_vec, n, G);
+            ok = ok && memcmp(a_ref, a_vec, n*sizeof(float)) == 0;
+
+            oscar2_dequantize_row_g(blocks, vals, n, G);
+            double mag = 1e-30;
+            for (int j = 0; j < n; ++j) {
+                mag += fabs((double) vals[j]*y[j]);
+            }
+            const float d_ref = oscar2_rows_dot_scalar(blocks, y, n, G);
+            const float d_vec = oscar2_rows_dot(blocks, y, n, G);
+            ok = ok && fabs((double) d_ref - d_vec)/mag < 1e-5;
+
+            if (ok) {
+                ++passed;
+            } else {
+                ++failed;
+                if (failed <= 5) {
+                    fprintf(stderr, "mismatch: G=%d n=%d trial=%d dot %.9g vs %.9g\n", G, n, trial, d_ref, d_vec);
+                }
+            }
+        }
+    }
+    printf("isa: %s\n", isa());
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
