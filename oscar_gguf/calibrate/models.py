@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..format.gguf_read import GGUFMeta, read_gguf_metadata
+from ..pypi_models import sha256_file
 from .capture_hf import HF_TO_GGUF_ARCH, UnsupportedModelError
 
 # GGUF architectures the transformers backend can load through gguf_file= and capture
@@ -60,17 +61,6 @@ def _download(repo_id: str) -> Path:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"could not fetch {repo_id} from the Hugging Face Hub ({msg}); "
                          f"check the id and your network, or pass a local folder") from None
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def fingerprint(ref: ModelRef) -> str:

@@ -295,24 +295,33 @@ def _window(text: str) -> tuple[int, int]:
     return sink, recent
 
 
+def _add_model_and_text(p, what: str) -> None:
+    """The converted model and the text of the runtime-vs-simulation checks."""
+    from .texts import EVAL_TEXT
+    p.add_argument("model", help="GGUF with OSCAR rotations (oscar-convert's output)")
+    p.add_argument("--text", default=str(EVAL_TEXT), help=f"{what} (default: the shipped Botchan)")
+
+
+def _add_threads(p) -> None:
+    p.add_argument("-t", "--threads", type=_positive_int, default=2, help="llama.cpp threads (default 2)")
+
+
 def _add_agreement(sub) -> None:
     from ..format.gguf_keys import DEFAULT_WINDOW
     from .agreement import DEFAULT_TOLERANCE
-    from .texts import EVAL_TEXT
     a = sub.add_parser("agreement", help="llama.cpp's oscar2 cache against `oscar simulate` on the same input",
                        description="Mean next-token KL of llama.cpp's oscar2 cache (llama-perplexity) and of the "
                                    "simulation (transformers with the bit-exact quantizer), on the same chunks, "
                                    "rotations, clip ratios and window. Exit 0 when their ratio is within the "
                                    "tolerance of 1, 1 when not, 2 on bad input.")
-    a.add_argument("model", help="GGUF with OSCAR rotations (oscar-convert's output)")
-    a.add_argument("--text", default=str(EVAL_TEXT), help="held-out text (default: the shipped Botchan)")
+    _add_model_and_text(a, "held-out text")
     a.add_argument("--ctx", type=_positive_int, default=1024, help="context of each chunk (default 1024)")
     a.add_argument("--chunks", type=_positive_int, default=1, help="chunks (default 1)")
     a.add_argument("--window", type=_window, default=DEFAULT_WINDOW,
                    help=f"SINK,RECENT tokens in f16 (default {DEFAULT_WINDOW[0]},{DEFAULT_WINDOW[1]})")
     a.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help=f"largest |ratio - 1| that passes (default {DEFAULT_TOLERANCE})")
-    a.add_argument("-t", "--threads", type=_positive_int, default=2, help="llama.cpp threads (default 2)")
+    _add_threads(a)
     a.set_defaults(func=_run_agreement)
 
 
@@ -335,13 +344,11 @@ def _add_check_rows(sub) -> None:
                                    "model's rotated K and V and with the bit-exact quantizer. Exit 0 when every "
                                    "stored row equals the quantizer's and every layer's input is within the "
                                    "tolerance, 1 when not, 2 on bad input.")
-    from .texts import EVAL_TEXT
-    c.add_argument("model", help="GGUF with OSCAR rotations (oscar-convert's output)")
-    c.add_argument("--text", default=str(EVAL_TEXT), help="text (default: the shipped Botchan)")
+    _add_model_and_text(c, "text")
     c.add_argument("--tokens", type=_positive_int, default=64, help="tokens to decode (default 64)")
     c.add_argument("--tolerance", type=float, default=0.1,
                    help="largest relative error of a layer's input against transformers (default 0.1)")
-    c.add_argument("-t", "--threads", type=_positive_int, default=2, help="llama.cpp threads (default 2)")
+    _add_threads(c)
     c.set_defaults(func=_run_check_rows)
 
 
