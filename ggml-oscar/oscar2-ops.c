@@ -12,6 +12,9 @@
 
 // the sources of GGML_OP_FLASH_ATTN_EXT that hold the window rows (upstream uses 0..4)
 enum { FA_SRC_WINDOW_K = 5, FA_SRC_WINDOW_V = 6 };
+// the op_params slot of GGML_OP_FLASH_ATTN_EXT that holds the query rows per sequence (upstream
+// uses 0..4: scale, max_bias, softcap, precision, n_kv_max)
+enum { FA_PARAM_SEQ_TOKENS = 8 };
 
 static bool is_cache_write(const struct ggml_tensor * a) {
     return a->op == GGML_OP_SET_ROWS || a->op == GGML_OP_CPY;
@@ -64,6 +67,19 @@ struct ggml_tensor * ggml_flash_attn_ext_get_window_v(const struct ggml_tensor *
 int64_t ggml_flash_attn_ext_window_rows(const struct ggml_tensor * a) {
     const struct ggml_tensor * k_hp = ggml_flash_attn_ext_get_window_k(a);
     return k_hp ? k_hp->ne[1] : 0;
+}
+
+void ggml_flash_attn_ext_set_seq_tokens(struct ggml_tensor * a, int32_t n) {
+    GGML_ASSERT(a->op == GGML_OP_FLASH_ATTN_EXT && n >= 0);
+    memcpy(a->op_params + FA_PARAM_SEQ_TOKENS, &n, sizeof(n));
+}
+
+int32_t ggml_flash_attn_ext_get_seq_tokens(const struct ggml_tensor * a) {
+    int32_t n = 0;
+    if (a->op == GGML_OP_FLASH_ATTN_EXT) {
+        memcpy(&n, a->op_params + FA_PARAM_SEQ_TOKENS, sizeof(n));
+    }
+    return n;
 }
 
 bool ggml_oscar_backend_reads_window(const char * dev_name) {

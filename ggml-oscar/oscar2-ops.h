@@ -3,6 +3,7 @@
 //
 //   ggml_oscar2_set_clip / get_clip         the clip ratio of a cache write (SET_ROWS, CPY)
 //   ggml_flash_attn_ext_add_window / get_*  the high-precision window rows of flash attention
+//   ggml_flash_attn_ext_set_seq_tokens      query rows per sequence of a flash attention (a kernel choice)
 //   GGML_HINT_SRC0_IS_OSCAR_ROTATION        (ggml.h) a MUL_MAT that applies an OSCAR rotation,
 //                                           set with upstream's ggml_mul_mat_set_hint
 #pragma once
@@ -36,6 +37,16 @@ GGML_API struct ggml_tensor * ggml_flash_attn_ext_get_window_k(const struct ggml
 GGML_API struct ggml_tensor * ggml_flash_attn_ext_get_window_v(const struct ggml_tensor * a);
 // their number (0: none)
 GGML_API int64_t ggml_flash_attn_ext_window_rows(const struct ggml_tensor * a);
+
+// ---- flash attention over many sequences ------------------------------------------------
+
+// The query rows of a flash-attention node per sequence of its batch: n_tokens / n_sequences,
+// rounded up (llama.cpp reuses a graph only for a batch with the same two counts). Where the
+// mask hides each sequence's cells from the others, a batch of many sequences with a few rows
+// each reads the cache as a decode does, not as a prefill. It only picks kernels: the result
+// is the same whatever its value. 0, the value of a new node: unknown (one sequence).
+GGML_API void    ggml_flash_attn_ext_set_seq_tokens(struct ggml_tensor * a, int32_t n);
+GGML_API int32_t ggml_flash_attn_ext_get_seq_tokens(const struct ggml_tensor * a);
 
 // Whether the backend device of this name reads the window rows of flash attention; any other
 // device must refuse a node that has them, or it would silently attend without the window.

@@ -108,13 +108,34 @@ test_gpu() {
     pyenv
     python3 -m pytest -q -p no:cacheprovider tests/test_oscar2_ops.py tests/test_oscar2_format.py tests/test_cuda_kernels.py > "$OUT/pytest.log" 2>&1
     log "pytest (CPU + CUDA0 cases): $(tail -1 "$OUT/pytest.log")"
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -20 | tee -a "$OUT/summary.txt"
 
     # CPU vs CUDA end to end on the cut model (always carried), and on a full calibrated model
     # when one was assembled on the machine (GPU_MODEL, see `assemble`)
     e2e .device/smollm2-L*.gguf cut 16 32 ""
+    # the same with a precision plan: layers 1 and 5 keep f16 keys beside oscar2 values
+    plan_model .device/smollm2-L*.gguf /tmp/cut-plan.gguf 1,5 && e2e /tmp/cut-plan.gguf cut-plan 16 32 ""
     [ -f "$GPU_MODEL" ] && e2e "$GPU_MODEL" full 4 16 ""
     no_realloc .device/smollm2-L*.gguf
     log "tests done in $(( $(date +%s) - t0 )) s"
+}
+
+# plan_model SRC DST LAYERS: SRC's rotations and clips with oscar.f16_k_layers = LAYERS (a,b,...)
+plan_model() {
+    local M=$(ls $1 | head -1)
+    [ -f "$2" ] && return 0
+    python3 - "$M" "$2" "$3" <<'PY'
+import sys
+from oscar_gguf.convert import convert
+from oscar_gguf.format import gguf_keys as K, oscar2
+from oscar_gguf.format.gguf_read import read_model_info
+from oscar_gguf.format.rotations import Rotations
+src, dst, layers = sys.argv[1], sys.argv[2], tuple(int(i) for i in sys.argv[3].split(","))
+info = read_model_info(src)
+rot = Rotations(dict(info.k_rot), dict(info.v_rot), list(info.oscar[K.KEY_CLIP_K]), list(info.oscar[K.KEY_CLIP_V]),
+                info.arch, info.n_layer, info.head_dim_k, oscar2.group_size(info.head_dim_k), {}, f16_k_layers=layers)
+convert(src, dst, rot, replace=True)
+PY
 }
 
 # no_realloc MODEL: a prefill past the window, then decode, must fit the buffers reserved when

@@ -40,7 +40,8 @@ def convert(src: str | Path, dst: str | Path, rot: Rotations, *, sink: int = ggu
     if (info.oscar or old) and not replace:
         raise GGUFError(f"{src} already carries OSCAR rotations or metadata; pass --replace to swap them")
     rot.validate(info)
-    keys = oscar_keys(rot.group_size, rot.clip_k, rot.clip_v, sink, recent, dict(sorted(rot.provenance.items())))
+    keys = oscar_keys(rot.group_size, rot.clip_k, rot.clip_v, sink, recent, dict(sorted(rot.provenance.items())),
+                      rot.f16_k_layers)
     copy_with_additions(src, dst, keys, rotation_tensors(rot),
                         drop_prefixes=(gguf_keys.OSCAR_PREFIX,) if replace else (), drop_tensors=old, reader=reader)
     return info
@@ -59,7 +60,8 @@ def rotations_from_artifact(art) -> Rotations:
         provenance={k: str(v) for k, v in (("model", art.model), ("model_sha256", art.model_sha256),
                                              ("corpus", art.corpus), ("tokens", art.tokens),
                                              ("method", art.method), ("date", art.date), ("tool", art.tool))
-                    if v not in ("", None)})
+                    if v not in ("", None)},
+        f16_k_layers=tuple(int(i) for i in art.f16_k_layers))
 
 
 def load_rotations(args, model: Path) -> Rotations:
@@ -76,6 +78,8 @@ def load_rotations(args, model: Path) -> Rotations:
         rot.clip_k = [args.clip_k] * rot.n_layers
     if args.clip_v is not None:
         rot.clip_v = [args.clip_v] * rot.n_layers
+    if args.no_f16_k:
+        rot.f16_k_layers = ()
     return rot
 
 
@@ -99,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"default recent window (default {gguf_keys.DEFAULT_RECENT})")
     ap.add_argument("--clip-k", type=float, help="one K clip ratio for every layer instead of the artifact's")
     ap.add_argument("--clip-v", type=float, help="one V clip ratio for every layer instead of the artifact's")
+    ap.add_argument("--no-f16-k", action="store_true",
+                    help="drop the artifact's precision plan: every layer's K cache takes the oscar2 type")
     return ap
 
 
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {out}: {info.arch}, {len(rot.k_rot)} K + {len(rot.v_rot)} V rotations, "
           f"clip K {min(rot.clip_k):.2f}-{max(rot.clip_k):.2f}, V {min(rot.clip_v):.2f}-{max(rot.clip_v):.2f}, "
-          f"window {args.sink}/{args.recent}")
+          f"window {args.sink}/{args.recent}"
+          + (f", f16 K cache in layers {', '.join(map(str, sorted(rot.f16_k_layers)))}" if rot.f16_k_layers else ""))
     return 0
 
 
@@ -155,6 +162,10 @@ def inspect_report(path: str | Path) -> str:
         lines.append(f"  {il:5d} {fmt(ek)}  {fmt(ev)}   {_clip_cell(ck, il)}   {_clip_cell(cv, il)}")
     verdict = "ok" if worst <= ORTHOGONALITY_LIMIT else "NOT ORTHOGONAL"
     lines.append(f"  rotations: {len(info.k_rot)} K + {len(info.v_rot)} V, worst |R^T R - I| = {worst:.2e} ({verdict})")
+    keep = info.oscar.get(gguf_keys.KEY_F16_K_LAYERS)
+    if keep is not None:
+        shown = ", ".join(map(str, keep)) if isinstance(keep, list) else repr(keep)
+        lines.append(f"  precision plan: the K cache of layers {shown} stays f16 ({gguf_keys.KEY_F16_K_LAYERS})")
     return "\n".join(lines)
 
 

@@ -76,6 +76,13 @@ def f16_prefill(backend: str, n_q: int) -> bool:
     return backend != "CPU" and n_q > 16
 
 
+def int2_bound(backend: str) -> float:
+    """Largest error against the reference when the INT2 cache is read as codes: the CPU computes
+    in f32; CUDA's tensor-core kernel (attn-mma.cu) takes the query and the probabilities in f16
+    (a relative rounding of 2^-11 per product, which averages down over the rows)."""
+    return 1e-4 if backend == "CPU" else 3e-4
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kt,vt,D,n_kv,n_q,H,H_kv,clip_k,clip_v", CASES)
 def test_cache_write_and_flash_attention(ops_exe, tmp_path, backend, kt, vt, D, n_kv, n_q, H, H_kv, clip_k, clip_v):
@@ -110,7 +117,7 @@ def test_cache_write_and_flash_attention(ops_exe, tmp_path, backend, kt, vt, D, 
     err = np.abs(out - ref).max() / np.abs(ref).max()
     # oscar2 K.Q uses the f32 query: ~1e-6. With an f16 K the CPU kernel rounds Q to f16, and
     # with an f16 V it accumulates in f16: ~1e-3 (measured 4e-4). The CUDA prefill takes f16 too
-    tol = 5e-3 if "f16" in (kt, vt) or f16_prefill(backend, n_q) else 1e-4
+    tol = 5e-3 if "f16" in (kt, vt) or f16_prefill(backend, n_q) else int2_bound(backend)
     assert err < tol, f"flash attention error {err:.2e}"
 
 

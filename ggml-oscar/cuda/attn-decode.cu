@@ -17,6 +17,12 @@
 
 // the most query tokens per flash-attention call that take the split-KV kernels
 static const int OSCAR_VEC_MAX_TOKENS = 16;
+// ... and, in a batch of several sequences with at most OSCAR_VEC_MAX_TOKENS each
+// (ggml_flash_attn_ext_set_seq_tokens), the most in all: the tensor-core kernel then reads, per
+// group of 8 queries, only the cache chunks its queries see (attn-live.cu). Each window chunk
+// still gets a partial per group, so the partials grow with tokens x window rows; past this the
+// prefill path (one f16 copy of the cache) costs less.
+static const int OSCAR_DECODE_MAX_TOKENS = 64;
 
 // queries per block, rounded up to the kernel's compile-time sizes (at least one token's heads)
 static int nq_bucket(int nq, int D) {
@@ -41,8 +47,14 @@ bool oscar2_cuda_fa_decode_ok(const ggml_tensor * dst) {
     memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
     const ggml_tensor * Kw = ggml_flash_attn_ext_get_window_k(dst), * Vw = ggml_flash_attn_ext_get_window_v(dst);
     const int64_t gqa = Q->ne[2] / K->ne[2];
+    // many tokens: only of several sequences, and only where the tensor-core kernel with its
+    // live-chunk lists takes them (the other kernels read every row for every group of queries)
+    const int64_t seq_tokens = ggml_flash_attn_ext_get_seq_tokens(dst);
+    const bool many_ok = seq_tokens > 0 && seq_tokens <= OSCAR_VEC_MAX_TOKENS && Q->ne[1] <= OSCAR_DECODE_MAX_TOKENS &&
+        mask && gqa <= 8 && uses_int2_mma(K->type, V->type, (int) K->ne[0], 8, Kw ? Kw->type : GGML_TYPE_COUNT) &&
+        ampere_mma_available(ggml_cuda_info().devices[ggml_cuda_get_device()].cc);
     return Q->type == GGML_TYPE_F32 && K->ne[0] == V->ne[0] && oscar2_cuda_fa_types_ok(K->type, V->type, K->ne[0]) &&
-        max_bias == 0.0f && Q->ne[1] <= OSCAR_VEC_MAX_TOKENS && gqa <= (K->ne[0] == 256 ? 8 : 16) &&
+        max_bias == 0.0f && (Q->ne[1] <= OSCAR_VEC_MAX_TOKENS || many_ok) && gqa <= (K->ne[0] == 256 ? 8 : 16) &&
         (!mask || mask->type == GGML_TYPE_F16) &&
         (!Kw || oscar2_cuda_fa_types_ok(Kw->type, Vw->type, K->ne[0]));
 }

@@ -18,6 +18,7 @@
 #include "llama-cparams.h"
 #include "llama-kv-cache.h"
 #include "llama-kv-cache-iswa.h"
+#include "llama-batch.h"
 #include "llama-memory-hybrid.h"
 #include "llama-memory-hybrid-iswa.h"
 
@@ -54,6 +55,7 @@ static const char * KEY_CLIP_K         = "oscar.clip_k";
 static const char * KEY_CLIP_V         = "oscar.clip_v";
 static const char * KEY_SINK           = "oscar.window.sink";
 static const char * KEY_RECENT         = "oscar.window.recent";
+static const char * KEY_F16_K_LAYERS   = "oscar.f16_k_layers";
 static const uint32_t FORMAT_VERSION   = 1;
 
 static uint32_t read_u32(const gguf_context * meta, const char * key, uint32_t def) {
@@ -99,6 +101,26 @@ static void read_clips(const gguf_context * meta, const char * key, uint32_t n_l
     }
 }
 
+// the precision plan: the layers whose K cache stays f16 under an oscar2 cache type
+static void read_f16_k_layers(const gguf_context * meta, uint32_t n_layer, std::array<bool, LLAMA_MAX_LAYERS> & dst) {
+    const int64_t id = gguf_find_key(meta, KEY_F16_K_LAYERS);
+    if (id < 0) {
+        return;
+    }
+    if (gguf_get_kv_type(meta, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(meta, id) != GGUF_TYPE_UINT32) {
+        throw std::runtime_error(std::string("oscar: metadata ") + KEY_F16_K_LAYERS + " must be an array of uint32");
+    }
+    const size_t n = gguf_get_arr_n(meta, id);
+    const uint32_t * v = (const uint32_t *) gguf_get_arr_data(meta, id);
+    for (size_t i = 0; i < n; ++i) {
+        if (v[i] >= n_layer) {
+            throw std::runtime_error(std::string("oscar: metadata ") + KEY_F16_K_LAYERS + " names layer " +
+                    std::to_string(v[i]) + " but the model has " + std::to_string(n_layer) + " layers");
+        }
+        dst[v[i]] = true;
+    }
+}
+
 void llama_oscar_load_hparams(const gguf_context * meta, llama_hparams & hparams) {
     hparams.oscar_clip_k.fill(OSCAR2_DEFAULT_CLIP_K);
     hparams.oscar_clip_v.fill(OSCAR2_DEFAULT_CLIP_V);
@@ -122,6 +144,11 @@ void llama_oscar_load_hparams(const gguf_context * meta, llama_hparams & hparams
     }
     read_clips(meta, KEY_CLIP_K, hparams.n_layer_all, hparams.oscar_clip_k);
     read_clips(meta, KEY_CLIP_V, hparams.n_layer_all, hparams.oscar_clip_v);
+    read_f16_k_layers(meta, hparams.n_layer_all, hparams.oscar_f16_k);
+}
+
+ggml_type llama_oscar_layer_type_k(const llama_hparams & hparams, uint32_t il, ggml_type type_k) {
+    return oscar2_is_type(type_k) && il < LLAMA_MAX_LAYERS && hparams.oscar_f16_k[il] ? GGML_TYPE_F16 : type_k;
 }
 
 bool llama_oscar_arch_takes_rotations(const llama_model & model) {
@@ -515,4 +542,11 @@ ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_
     y = ggml_reshape_2d(ctx, y, cur->ne[0], cur->ne[1]);
     ggml_format_name(y, "kqv_out_unrot-%d", il); // the attention output back in the model's basis
     return y;
+}
+
+void llama_oscar_fa_seq_tokens(ggml_tensor * fa, const llama_ubatch & ubatch) {
+    // from the counts that llm_graph_params::allow_reuse compares, so a reused graph keeps it right
+    if (fa && ubatch.n_seqs_unq > 0) {
+        ggml_flash_attn_ext_set_seq_tokens(fa, (int32_t) ((ubatch.n_tokens + ubatch.n_seqs_unq - 1)/ubatch.n_seqs_unq));
+    }
 }

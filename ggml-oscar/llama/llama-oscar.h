@@ -31,12 +31,16 @@
 //                         build_attn_inp_kv_impl, build_attn_inp_kv_iswa, build_inp_mem_hybrid_iswa
 //                                                 -> _build_inputs
 //                         build_attn (kv, iswa)   -> _store, _views; build_attn_mha -> _attach
+//   llama: the precision plan (oscar.f16_k_layers)
+//     llama-kv-cache.cpp  llama_kv_cache()        -> llama_oscar_layer_type_k
+//   llama: query rows per sequence of flash attention
+//     llama-graph.cpp     build_attn_mha          -> llama_oscar_fa_seq_tokens
 //   tools: common/arg.cpp, common/common.cpp, llama-bench.cpp -> oscar-args.h
 // (The ggml patches' hooks are mapped in ../oscar2-ops.h, ../oscar2-cpu.h and ../cuda/oscar2-cuda.cuh.)
 //
 // Names shared with the Python side (oscar_gguf/format/gguf_keys.py):
 //   tensors  blk.{i}.attn_k_rot, blk.{i}.attn_v_rot   f32 [d, d], row-major R, x_rot = x @ R
-//   keys     oscar.format_version, oscar.group_size, oscar.clip_k, oscar.clip_v,
+//   keys     oscar.format_version, oscar.group_size, oscar.clip_k, oscar.clip_v, oscar.f16_k_layers,
 //            oscar.window.sink, oscar.window.recent, oscar.rope_layout
 #pragma once
 
@@ -67,6 +71,10 @@ struct llama_memory_i;
 // Read the oscar.* metadata into hparams (clip ratios per layer, window defaults). Throws
 // std::runtime_error with a clear message on malformed metadata.
 void llama_oscar_load_hparams(const gguf_context * meta, llama_hparams & hparams);
+// llama_kv_cache: the type of model layer il's K cache for the requested type: f16 where the
+// GGUF's precision plan (oscar.f16_k_layers) keeps that layer's keys out of INT2, else type_k.
+// Rotations, clips and the window then follow the layer's own type (layer_quantized).
+ggml_type llama_oscar_layer_type_k(const llama_hparams & hparams, uint32_t il, ggml_type type_k);
 
 // Whether this architecture builds its attention through the generic KV-cache path that
 // applies per-layer rotations (MLA and custom-attention models do not).
@@ -131,6 +139,10 @@ ggml_tensor * llama_oscar_rotate_v(ggml_context * ctx, const llama_kv_cache_cont
         ggml_tensor * had_v, ggml_tensor * v);
 ggml_tensor * llama_oscar_unrotate_out(ggml_context * ctx, const llama_kv_cache_context * mctx, int32_t il,
         ggml_tensor * had_v, ggml_tensor * cur);
+
+// build_attn_mha: the flash-attention node's query rows per sequence of the batch
+// (ggml_flash_attn_ext_set_seq_tokens; the CUDA backend picks its kernels by it)
+void llama_oscar_fa_seq_tokens(ggml_tensor * fa, const llama_ubatch & ubatch);
 
 // ---- per-cache state ---------------------------------------------------------------------
 

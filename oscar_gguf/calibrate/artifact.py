@@ -4,6 +4,8 @@ Tensors (numpy row-major, x_rot = x @ R):
     layers.{i}.k_rot, layers.{i}.v_rot                f32 [d, d]
     layers.{i}.k_eigenvalues, layers.{i}.v_eigenvalues f32 [d]   (ascending, eigh order)
     clip_k, clip_v                                    f32 [n_layers] (1.0 = no clipping)
+    f16_k_layers                                      i32 [n] (optional): the layers whose K cache
+                                                      stays f16 (the calibration's precision plan)
 Metadata (strings): format_version, architecture (GGUF name), n_layers, head_dim, n_head,
 n_head_kv, rope_layout ("hf" | "llama.cpp"), model, model_sha256, corpus, tokens, method,
 date, tool; any other string keys are kept in ``extra``. Layers without attention may be
@@ -51,6 +53,7 @@ class RotationArtifact:
     date: str = ""
     tool: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    f16_k_layers: tuple[int, ...] = ()
 
     @property
     def layers(self) -> list[int]:
@@ -94,6 +97,9 @@ class RotationArtifact:
                 raise ValueError(f"{name} has shape {c.shape}, expected ({self.n_layers},)")
             if not np.all(np.isfinite(c)) or np.any(c <= 0) or np.any(c > 1):
                 raise ValueError(f"{name} must hold ratios in (0, 1], got {c.tolist()}")
+        keep = list(self.f16_k_layers)
+        if len(set(keep)) != len(keep) or any(not 0 <= int(i) < self.n_layers for i in keep):
+            raise ValueError(f"f16_k_layers must name distinct layers in 0..{self.n_layers - 1}, got {keep}")
         return self
 
     # -- layouts ---------------------------------------------------------------------------
@@ -134,6 +140,8 @@ class RotationArtifact:
             t[f"layers.{i}.v_eigenvalues"] = np.ascontiguousarray(self.v_eigenvalues[i], dtype=np.float32)
         t["clip_k"] = np.ascontiguousarray(self.clip_k, dtype=np.float32)
         t["clip_v"] = np.ascontiguousarray(self.clip_v, dtype=np.float32)
+        if self.f16_k_layers:
+            t["f16_k_layers"] = np.asarray(sorted(self.f16_k_layers), dtype=np.int32)
         return t
 
 
@@ -179,7 +187,7 @@ def load_artifact(path: str | os.PathLike) -> RotationArtifact:
     per_layer: dict[str, dict[int, np.ndarray]] = {s: {} for s in
                                                     ("k_rot", "v_rot", "k_eigenvalues", "v_eigenvalues")}
     for name, t in tensors.items():
-        if name in ("clip_k", "clip_v"):
+        if name in ("clip_k", "clip_v", "f16_k_layers"):
             continue
         parts = name.split(".")
         if len(parts) != 3 or parts[0] != "layers" or not (parts[1].isascii() and parts[1].isdigit()) or parts[2] not in per_layer:
@@ -193,7 +201,8 @@ def load_artifact(path: str | os.PathLike) -> RotationArtifact:
         k_eigenvalues=per_layer["k_eigenvalues"], v_eigenvalues=per_layer["v_eigenvalues"],
         clip_k=tensors["clip_k"], clip_v=tensors["clip_v"], model=meta["model"],
         model_sha256=meta["model_sha256"], corpus=meta["corpus"], tokens=ints["tokens"],
-        method=meta["method"], date=meta["date"], tool=meta["tool"], extra=extra)
+        method=meta["method"], date=meta["date"], tool=meta["tool"], extra=extra,
+        f16_k_layers=tuple(int(i) for i in np.asarray(tensors.get("f16_k_layers", ()), dtype=np.int64).reshape(-1)))
     try:
         return art.validate()
     except ValueError as e:

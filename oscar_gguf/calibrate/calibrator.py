@@ -20,6 +20,7 @@ from ..format.gguf_keys import DEFAULT_WINDOW
 from ..format.oscar2 import group_size
 from .artifact import RotationArtifact
 from .clip import ClipSearch, clip_grid, fixed_clips
+from .plan import DEFAULT_BUDGET, DEFAULT_THRESHOLD, plan_f16_keys
 from .rotations import RECIPES, SampleStore, fit_layer
 from .stats import AttentionShape, LayerStats
 
@@ -47,13 +48,16 @@ METHODS = {"oscar": "oscar-qqt-sst", "hadamard": "hadamard", "key-eigen-dc": "ke
 class CalibrationState:
     def __init__(self, clip: str = "search", window: tuple[int, int] = DEFAULT_WINDOW,
                  clip_grid: list[float] | None = None, max_clip_queries: int = 128,
-                 rotation: str = DEFAULT_RECIPE, learn_tokens: int = 4096, learn_steps: int = 200):
+                 rotation: str = DEFAULT_RECIPE, learn_tokens: int = 4096, learn_steps: int = 200,
+                 f16_k_budget: float = DEFAULT_BUDGET, f16_k_threshold: float = DEFAULT_THRESHOLD):
         if clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
         if rotation not in RECIPES:
             raise ValueError(f"rotation must be one of {', '.join(RECIPES)}, got {rotation!r}")
         self.rotation = rotation
         self.learn_steps = learn_steps
+        self.f16_k_budget = f16_k_budget        # the precision plan (plan.py); needs clip="search"
+        self.f16_k_threshold = f16_k_threshold
         self.samples = SampleStore(learn_tokens, window[0]) if rotation == "learned" else None
         self.clip = clip
         self.window = window
@@ -145,8 +149,14 @@ class CalibrationState:
             ck, cv = fixed_clips(source.n_layers)
         extra = {"group_size": str(self.group), "clip_mode": self.clip, "rotation": self.rotation,
                  "window": f"{self.window[0]},{self.window[1]}", **{k: str(v) for k, v in source.extra.items()}}
+        plan: tuple[int, ...] = ()
         if self.search is not None:
             extra["clip_search_sequences"] = str(self.search.sequences)
+            # the runtime's oscar2 layers: not the sliding-window ones (their cache stays f16)
+            errors = {i: self.search.k_output_error(i, float(ck[i])) for i in sorted(self.search.out_err_k)
+                      if i not in self.search.sliding}
+            extra["k_output_error"] = " ".join(f"{i}:{e:.4f}" for i, e in errors.items())
+            plan = plan_f16_keys(errors, self.group, self.f16_k_threshold, self.f16_k_budget)
         art = RotationArtifact(
             architecture=source.architecture, n_layers=source.n_layers, head_dim=s.head_dim, n_head=s.n_head,
             n_head_kv=s.n_head_kv, rope_layout=source.rope_layout,
@@ -157,7 +167,7 @@ class CalibrationState:
             clip_k=ck, clip_v=cv, model=source.model, model_sha256=source.model_sha256, corpus=corpus,
             tokens=self.tokens, method=f"{METHODS[self.rotation]}/clip-{self.clip}",
             date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            tool=f"oscar-gguf {__version__}", extra=extra)
+            tool=f"oscar-gguf {__version__}", extra=extra, f16_k_layers=plan)
         return art.validate()
 
 
@@ -178,11 +188,13 @@ class Calibrator:
 
     def __init__(self, model: torch.nn.Module, *, clip: str = "search", rotation: str = DEFAULT_RECIPE,
                  window: tuple[int, int] = DEFAULT_WINDOW, source: ArtifactSource | None = None,
-                 learn_tokens: int = 4096, learn_steps: int = 200):
+                 learn_tokens: int = 4096, learn_steps: int = 200, f16_k_budget: float = DEFAULT_BUDGET,
+                 f16_k_threshold: float = DEFAULT_THRESHOLD):
         from .capture_hf import gguf_architecture, text_config
 
         self.model = model
         self.state = CalibrationState(clip=clip, window=window, rotation=rotation, learn_tokens=learn_tokens,
+                                      f16_k_budget=f16_k_budget, f16_k_threshold=f16_k_threshold,
                                       learn_steps=learn_steps)
         cfg = text_config(model.config)
         self.source = source or ArtifactSource(architecture=gguf_architecture(cfg), n_layers=int(cfg.num_hidden_layers),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V, DEFAULT_WINDOW
+from .plan import DEFAULT_BUDGET, DEFAULT_THRESHOLD
 
 EXIT_BAD_INPUT = 2
 
@@ -34,6 +35,17 @@ def _positive(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _non_negative(s: str) -> float:
+    import math
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
     return v
 
 
@@ -60,6 +72,12 @@ def register(subparsers) -> None:
                    help="capture with transformers (hf) or llama.cpp (llama, GGUF only); auto: llama for a GGUF")
     c.add_argument("--window", type=_window, default=DEFAULT_WINDOW, metavar="SINK,RECENT",
                    help="f16 window of the runtime, left out of the clip objectives (default %d,%d)" % DEFAULT_WINDOW)
+    c.add_argument("--f16-k-budget", type=_non_negative, default=DEFAULT_BUDGET, metavar="BITS",
+                   help="precision plan: layers whose INT2 keys change their attention output by more than "
+                        "--f16-k-threshold keep an f16 K cache, worst first, within BITS added bits per cached "
+                        f"element (default {DEFAULT_BUDGET}; 0: no plan; needs --clip search)")
+    c.add_argument("--f16-k-threshold", type=_non_negative, default=DEFAULT_THRESHOLD, metavar="ERR",
+                   help=f"relative squared error of the attention output from INT2 keys (default {DEFAULT_THRESHOLD})")
     c.add_argument("--threads", type=_positive, default=None,
                    help="CPU threads for llama.cpp and torch (default: all cores)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -142,7 +160,8 @@ def run_calibrate(args) -> int:
     _set_threads(args.threads)
     run = calibrate_file(args.model, text=args.text, tokens=args.tokens, seq_len=args.seq_len, device=args.device,
                          clip=args.clip, backend=args.backend, window=args.window, progress=not args.quiet,
-                         rotation=args.rotation, threads=args.threads)
+                         rotation=args.rotation, threads=args.threads,
+                         f16_k_budget=args.f16_k_budget, f16_k_threshold=args.f16_k_threshold)
     save_artifact(out, run.artifact)
     a = run.artifact
     print(f"wrote {out}: {len(a.layers)} layers, head_dim {a.head_dim}, {a.tokens} tokens, backend {run.backend}, "
@@ -150,6 +169,8 @@ def run_calibrate(args) -> int:
     if args.clip == "search":
         print("clip_k: " + " ".join(f"{c:.3f}" for c in a.clip_k))
         print("clip_v: " + " ".join(f"{c:.3f}" for c in a.clip_v))
+        print("K-only output error: " + a.extra.get("k_output_error", ""))
+        print("f16 K cache in layers: " + (" ".join(map(str, a.f16_k_layers)) or "none"))
     return 0
 
 

@@ -11,6 +11,11 @@ oscar2 quantizer (fakequant.py, tested against format/oscar2.py) at each clip of
   the real queries with the quantized (query, key) pairs kept. Only a spread-out sample
   of queries is used, which keeps the cost at O(samples · T · d) per clip candidate.
 
+Beside the search, the K-only output error: the relative change ‖O_K̂ − O‖² / ‖O‖² of the
+attention output of the same sampled queries when only the keys are read from INT2, at each
+clip of the grid. It ranks the layers for the precision plan (plan.py): a layer whose keys INT2
+cannot hold (outlier channels that the clip must cut) shows it here, whatever its score scale.
+
 With a high-precision window (sink S, recent R) the runtime never quantizes the first S
 keys nor, for a query at i, the keys after i − R; those pairs are left out of both
 objectives, since their error is zero at run time whatever the clip.
@@ -77,6 +82,12 @@ class ClipSearch:
         # errors per grid value and KV head: [len(grid), H_kv], allocated on first sight
         self.err_k: dict[int, np.ndarray] = {}
         self.err_v: dict[int, np.ndarray] = {}
+        # K-only output error per grid value [len(grid)], and the output's energy
+        self.out_err_k: dict[int, np.ndarray] = {}
+        self.out_energy: dict[int, float] = {}
+        # layers whose mask hides causal pairs: sliding-window layers, whose runtime cache stays
+        # f16 (llama_oscar_swa_cache_type) unless it is full-size
+        self.sliding: set[int] = set()
         self.sequences = 0
 
     def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
@@ -92,14 +103,16 @@ class ClipSearch:
         q, k, v = q.float(), k.float(), v.float()
         if layer == min(self.rot):
             self.sequences += 1
+        if allowed is not None and bool((torch.ones_like(allowed).tril() & ~allowed).any()):
+            self.sliding.add(layer)
         ek = self.err_k.setdefault(layer, np.zeros((len(self.grid), n_kv)))
         ev = self.err_v.setdefault(layer, np.zeros((len(self.grid), n_kv)))
 
         # K: Σ_h Σ_{j ≥ sink} e_j C'_h e_jᵀ
         kr = (k @ rk).transpose(0, 1)[:, self.window[0]:]            # [H_kv, T', d]
-        if kr.shape[1]:
+        gq = self._quantizer(kr) if kr.shape[1] else None
+        if gq is not None:
             cq = self.cq[layer].to(dev)
-            gq = self._quantizer(kr)
             for n, c in enumerate(self.grid):
                 e = (gq(c) - kr).double()
                 ek[n] += torch.einsum("htd,hde,hte->h", e, cq, e).cpu().numpy()
@@ -113,13 +126,39 @@ class ClipSearch:
         ok = (torch.arange(t, device=dev)[None, :] <= pos[:, None]) if allowed is None else allowed[pos]
         logits = logits.masked_fill(~ok, float("-inf"))
         p = torch.softmax(logits, dim=-1)
-        p = p * pair_mask(t, pos, allowed, self.window, dev)
+        int2 = pair_mask(t, pos, allowed, self.window, dev)
+        if gq is not None:
+            self._observe_k_output(layer, qs, k, v, logits, p, int2, gq, rk, scaling)
+        p = p * int2
         vr = (v @ rv).transpose(0, 1)                               # [H_kv, T, d]
         gv = self._quantizer(vr)
         for n, c in enumerate(self.grid):
             e = gv(c) - vr
             out = torch.einsum("hgst,htd->hgsd", p, e)
             ev[n] += out.double().pow(2).sum(dim=(1, 2, 3)).cpu().numpy()
+
+    def _observe_k_output(self, layer: int, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          logits: torch.Tensor, p: torch.Tensor, int2: torch.Tensor, gq, rk: torch.Tensor,
+                          scaling: float) -> None:
+        """‖O_K̂ − O‖² at every clip (keys from INT2 where the runtime reads them, V exact)."""
+        vt = v.transpose(0, 1)                                      # [H_kv, T, d]
+        out = torch.einsum("hgst,htd->hgsd", p, vt)
+        eo = self.out_err_k.setdefault(layer, np.zeros(len(self.grid)))
+        self.out_energy[layer] = self.out_energy.get(layer, 0.0) + float(out.double().pow(2).sum())
+        kt = k.transpose(0, 1)
+        sink = self.window[0]
+        for n, c in enumerate(self.grid):
+            kd = torch.cat([kt[:, :sink], gq(c) @ rk.T], dim=1)      # the keys as attention reads them
+            lq = torch.einsum("hgsd,htd->hgst", qs, kd) * scaling
+            lq = torch.where(int2, lq, logits)                       # exact where the window holds them
+            oq = torch.einsum("hgst,htd->hgsd", torch.softmax(lq, dim=-1), vt)
+            eo[n] += float((oq - out).double().pow(2).sum())
+
+    def k_output_error(self, layer: int, clip: float) -> float:
+        """The relative K-only output error of a layer at one clip of the grid (0 if never seen)."""
+        if layer not in self.out_err_k or self.out_energy.get(layer, 0.0) <= 0:
+            return 0.0
+        return float(self.out_err_k[layer][self.grid.index(clip)] / self.out_energy[layer])
 
     def _quantizer(self, x: torch.Tensor):
         """clip -> FQ(x), the runtime's encoder at every clip of the grid."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..format.gguf_keys import DEFAULT_WINDOW
 from .calibrator import DEFAULT_RECIPE, ArtifactSource, CalibrationState, Calibrator
+from .plan import DEFAULT_BUDGET, DEFAULT_THRESHOLD
 from .corpus import ChunkPlan, describe_source, make_chunks, plan_chunks
 from .models import (ModelError, ModelRef, fingerprint, gguf_architecture, hf_bos_prefix, hf_encode,
                      load_hf, pick_device, resolve_model)
@@ -62,7 +63,8 @@ def calibrate_file(model: str, *, text: str | None = None, tokens: int = DEFAULT
                    seq_len: int | None = None, device: str = "auto", clip: str = "search",
                    backend: str = "auto", window: tuple[int, int] = DEFAULT_WINDOW,
                    progress: bool = True, hash_model: bool = True, rotation: str = DEFAULT_RECIPE,
-                   threads: int | None = None) -> CalibrationRun:
+                   threads: int | None = None, f16_k_budget: float = DEFAULT_BUDGET,
+                   f16_k_threshold: float = DEFAULT_THRESHOLD) -> CalibrationRun:
     """Calibrate MODEL (HF folder, Hub id or GGUF) and return the artifact with run facts."""
     import time
 
@@ -72,15 +74,17 @@ def calibrate_file(model: str, *, text: str | None = None, tokens: int = DEFAULT
     dev = pick_device(device)
     # hashed after the text is chunked, so that bad text is reported before a long hash
     sha = (lambda: fingerprint(ref)) if hash_model else (lambda: "")
+    precision = {"f16_k_budget": f16_k_budget, "f16_k_threshold": f16_k_threshold}
     if which == "llama":
-        art, n = _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads)
+        art, n = _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads,
+                                  precision)
     else:
-        art, n = _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation)
+        art, n = _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, precision)
     art.extra["backend"] = which
     return CalibrationRun(art, which, peak_rss_mib(), n, time.monotonic() - t0)
 
 
-def _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation):
+def _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, precision):
     model, tok, arch = load_hf(ref, dev)
     from .capture_hf import text_config
     cfg = text_config(model.config)
@@ -88,7 +92,7 @@ def _calibrate_hf(ref, text, tokens, seq_len, dev, clip, window, progress, sha, 
                             model=ref.name)
     art = calibrate_hf_model(model, hf_encode(tok), hf_bos_prefix(tok), text=text, tokens=tokens,
                              seq_len=seq_len, clip=clip, window=window, progress=progress, source=source,
-                             rotation=rotation)
+                             rotation=rotation, **precision)
     art.model_sha256 = sha()
     return art, art.tokens
 
@@ -99,7 +103,8 @@ def default_seq_len(max_ctx: int | None) -> int:
 
 def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: int = DEFAULT_TOKENS,
                        seq_len: int | None = None, clip: str = "search", window=DEFAULT_WINDOW,
-                       progress: bool = True, source: ArtifactSource | None = None, rotation: str = DEFAULT_RECIPE):
+                       progress: bool = True, source: ArtifactSource | None = None, rotation: str = DEFAULT_RECIPE,
+                       f16_k_budget: float = DEFAULT_BUDGET, f16_k_threshold: float = DEFAULT_THRESHOLD):
     """Run the passes of a Calibrator over chunks of text with a loaded transformers model."""
     import torch
 
@@ -109,7 +114,8 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
     seq_len = seq_len or default_seq_len(getattr(cfg, "max_position_embeddings", None))
     plan = plan_chunks(tokens, seq_len, clip == "search")
     stat, held = make_chunks(text, encode, prefix, plan)
-    cal = Calibrator(model, clip=clip, window=window, source=source, rotation=rotation)
+    cal = Calibrator(model, clip=clip, window=window, source=source, rotation=rotation,
+                     f16_k_budget=f16_k_budget, f16_k_threshold=f16_k_threshold)
     base = decoder(model)
     dev = next(model.parameters()).device
     bar = _progress((2 * len(stat) + len(held)) * seq_len, progress, "calibrate")
@@ -123,7 +129,8 @@ def calibrate_hf_model(model, encode, prefix: list[int], *, text=None, tokens: i
     return cal.result(corpus=describe_source(text))
 
 
-def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads=None):
+def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sha, rotation, threads=None,
+                     precision=None):
     from .capture_llama import LlamaCppCapture
 
     from ..format.gguf_read import read_gguf_metadata, takes_no_rotations
@@ -139,7 +146,7 @@ def _calibrate_llama(ref, text, tokens, seq_len, dev, clip, window, progress, sh
     with LlamaCppCapture(ref.path, seq_len, device=dev, n_threads=threads) as cap:
         stat, held = make_chunks(text, cap.encode, cap.bos_prefix(), plan)
         model_sha = sha()
-        state = CalibrationState(clip=clip, window=window, rotation=rotation)
+        state = CalibrationState(clip=clip, window=window, rotation=rotation, **(precision or {}))
         bar = _progress((2 * len(stat) + len(held)) * seq_len, progress, "calibrate")
 
         def handler(layer, q, k, v, scale, allowed):

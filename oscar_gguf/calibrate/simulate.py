@@ -38,6 +38,7 @@ class KVConfig:
     window: tuple[int, int] = (0, 0)          # (sink, recent) kept unquantized
     quantize: bool = True                     # False: every layer reads K and V exactly
     quantized_layers: frozenset[int] | None = None   # None: every layer (see runtime_quantized_layers)
+    f16_k_layers: frozenset[int] = frozenset()       # the precision plan: K read exactly (plan.py)
 
     @property
     def label(self) -> str:
@@ -57,7 +58,7 @@ class KVConfig:
 
     def quantized_scores(self, q: torch.Tensor, k: torch.Tensor, layer: int, scaling: float) -> torch.Tensor:
         """q·K̂ᵀ with the keys as the cache returns them; k [B, H_kv, T, d] is repeated over the group."""
-        kq = self.stored(k, self.k_rot, layer, self.clip_k[layer])
+        kq = k if layer in self.f16_k_layers else self.stored(k, self.k_rot, layer, self.clip_k[layer])
         return (q @ kq.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2)) * scaling
 
     def quantized_values(self, v: torch.Tensor, layer: int) -> torch.Tensor:
@@ -236,4 +237,9 @@ def standard_configs(art: RotationArtifact, window: tuple[int, int] = DEFAULT_WI
         for c in base:
             out.append(KVConfig(c.name, c.k_rot, c.v_rot, c.clip_k, c.clip_v, c.group, window=w,
                                 quantized_layers=quantized_layers))
+    if hf.f16_k_layers:
+        # the artifact's own row with its precision plan, as the runtime would run it
+        out.append(KVConfig(f"{name}, {clips} clips, f16 K in {len(hf.f16_k_layers)} layer(s)", hf.k_rot, hf.v_rot,
+                            hf.clip_k, hf.clip_v, group, window=tuple(window), quantized_layers=quantized_layers,
+                            f16_k_layers=frozenset(hf.f16_k_layers)))
     return out

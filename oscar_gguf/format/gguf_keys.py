@@ -17,6 +17,8 @@ KEY_FORMAT_VERSION = "oscar.format_version"    # uint32
 KEY_GROUP_SIZE = "oscar.group_size"            # uint32, the group the clips were chosen for
 KEY_CLIP_K = "oscar.clip_k"                    # f32 array [n_layer]; 1.0 = no clipping
 KEY_CLIP_V = "oscar.clip_v"                    # f32 array [n_layer]
+KEY_F16_K_LAYERS = "oscar.f16_k_layers"        # uint32 array: layers whose K cache stays f16 under
+                                               # an oscar2 cache type (the calibration's precision plan)
 KEY_SINK = "oscar.window.sink"                 # uint32, default sink tokens kept in f16
 KEY_RECENT = "oscar.window.recent"             # uint32, default recent tokens kept in f16
 KEY_ROPE_LAYOUT = "oscar.rope_layout"          # string, always "llama.cpp" inside a GGUF

@@ -26,12 +26,12 @@ from .gguf_read import GGUFError, field_value, open_gguf
 from .rotations import Rotations
 
 # (key, value type, value, array element type); copy_with_additions also takes (key, type, value)
-# for a scalar, or for an array of FLOAT32
+# for a scalar, or for an array of FLOAT32 or UINT32
 Key = tuple[str, GGUFValueType, object, "GGUFValueType | None"]
 
 
 def oscar_keys(group_size: int, clip_k: list[float], clip_v: list[float], sink: int, recent: int,
-               provenance: dict[str, str]) -> list[Key]:
+               provenance: dict[str, str], f16_k_layers: tuple[int, ...] = ()) -> list[Key]:
     """The oscar.* keys of a GGUF with rotations (gguf_keys.py says what each means); the
     provenance becomes oscar.calibration.* strings, in the order given."""
     keys: list[Key] = [
@@ -42,6 +42,9 @@ def oscar_keys(group_size: int, clip_k: list[float], clip_v: list[float], sink: 
         (gguf_keys.KEY_SINK, GGUFValueType.UINT32, sink, None),
         (gguf_keys.KEY_RECENT, GGUFValueType.UINT32, recent, None),
         (gguf_keys.KEY_ROPE_LAYOUT, GGUFValueType.STRING, "llama.cpp", None)]
+    if f16_k_layers:
+        keys.append((gguf_keys.KEY_F16_K_LAYERS, GGUFValueType.ARRAY, sorted(int(i) for i in f16_k_layers),
+                     GGUFValueType.UINT32))
     keys += [(gguf_keys.KEY_CALIB_PREFIX + k, GGUFValueType.STRING, str(v), None) for k, v in provenance.items()]
     return keys
 
@@ -66,8 +69,8 @@ def _encode_key(key: str, vtype: GGUFValueType, value, etype: GGUFValueType | No
         return out + struct.pack("<I", int(value))
     if vtype == GGUFValueType.STRING:
         return out + _string(str(value))
-    if vtype == GGUFValueType.ARRAY and etype == GGUFValueType.FLOAT32:
-        arr = np.asarray(value, dtype="<f4")
+    if vtype == GGUFValueType.ARRAY and etype in (GGUFValueType.FLOAT32, GGUFValueType.UINT32):
+        arr = np.asarray(value, dtype="<f4" if etype == GGUFValueType.FLOAT32 else "<u4")
         return out + struct.pack("<IQ", etype, arr.size) + arr.tobytes()
     raise ValueError(f"no encoding for {key}: {vtype.name}")
 

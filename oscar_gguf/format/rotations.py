@@ -59,6 +59,7 @@ class Rotations:
     head_dim: int | None
     group_size: int
     provenance: dict[str, str]
+    f16_k_layers: tuple[int, ...] = ()   # the precision plan: these layers keep an f16 K cache
 
     def validate(self, model: ModelInfo | None = None) -> "Rotations":
         """Raise GGUFError naming the first problem; with a model, also that they do not fit it."""
@@ -78,6 +79,9 @@ class Rotations:
             bad = [c for c in clips if not (np.isfinite(c) and 0 < c <= 1)]
             if bad:
                 raise GGUFError(f"{what} clip ratio {bad[0]} is not in (0, 1]")
+        keep = list(self.f16_k_layers)
+        if len(set(keep)) != len(keep) or any(not 0 <= i < n for i in keep):
+            raise GGUFError(f"f16 K layers {keep} must be distinct layers of 0..{n - 1}")
         return self
 
     def _check_fits(self, model: ModelInfo) -> None:

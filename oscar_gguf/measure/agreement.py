@@ -103,7 +103,8 @@ def simulated_kl(gguf: Path, chunks: np.ndarray, window: tuple[int, int], model=
     if model is None:
         model = load_hf(resolve_model(str(gguf)), "cpu")[0]
     cfg = KVConfig("oscar2", k_rot, v_rot, settings.clip_k, settings.clip_v, oscar2.group_size(head_dim),
-                   window=tuple(window), quantized_layers=runtime_quantized_layers(model))
+                   window=tuple(window), quantized_layers=runtime_quantized_layers(model),
+                   f16_k_layers=settings.f16_k_layers)
     return run_simulation(model, chunks, [cfg], score_last=False)[cfg.label].mean_kl
 
 

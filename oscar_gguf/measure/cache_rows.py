@@ -213,6 +213,7 @@ class RuntimeSettings:
     rotations: dict[int, tuple[np.ndarray, np.ndarray]]   # layer -> (R_k, R_v)
     clip_k: np.ndarray
     clip_v: np.ndarray
+    f16_k_layers: frozenset[int] = frozenset()   # the precision plan: K caches kept in f16
 
     def k_rotations_hf(self) -> dict[int, np.ndarray]:
         """R_k per layer for vectors in the transformers head-dim order (calibrate/layout.py)."""
@@ -230,8 +231,10 @@ def runtime_settings(gguf: Path) -> RuntimeSettings:
 
     rots = {i: (np.array(info.k_rot[i], np.float32), np.array(info.v_rot[i], np.float32))
             for i in sorted(info.k_rot) if i in info.v_rot}
+    keep = info.oscar.get(gguf_keys.KEY_F16_K_LAYERS)
     return RuntimeSettings(info.arch, rots, clips(gguf_keys.KEY_CLIP_K, gguf_keys.DEFAULT_CLIP_K),
-                           clips(gguf_keys.KEY_CLIP_V, gguf_keys.DEFAULT_CLIP_V))
+                           clips(gguf_keys.KEY_CLIP_V, gguf_keys.DEFAULT_CLIP_V),
+                           frozenset(int(i) for i in keep) if isinstance(keep, list) else frozenset())
 
 
 def _rel_err(x: np.ndarray, ref: np.ndarray) -> float:
