@@ -124,7 +124,7 @@ def _work_python(req: dict) -> dict:
         return _python_call(run)
     # the rotation side: a fuzzed artifact or RotationZoo pair, through oscar-convert's own path
     ns = argparse.Namespace(rotations=req.get("rotations"), k_rot=req.get("k_rot"), v_rot=req.get("v_rot"),
-                            clip_k=None, clip_v=None)
+                            clip_k=None, clip_v=None, no_f16_k=False)
 
     def run():
         rot = load_rotations(ns, Path(req["model"]))
