@@ -10,6 +10,9 @@
 #   bash gpu/run.sh multi         CPU vs CUDA with layers split over all GPUs (-sm layer), and a bench
 #   bash gpu/run.sh batched [NPP] many sequences decoding together, unified cache and one stream per
 #                                 sequence, f16 vs oscar2 (llama-batched-bench; BATCH_UNIFIED, BATCH_SPLIT)
+#   bash gpu/run.sh trace_batched [B]  kernel time by name of B sequences' decode steps, f16 vs oscar2
+#   bash gpu/run.sh equal [GIB]   equal-memory throughput: oscar bench --equal-memory on the 8B shape
+#   bash gpu/run.sh serve         llama-server under 4, 16, 64 concurrent clients: oscar bench --serve
 #   bash gpu/run.sh quick         FLASH_ATTN_EXT CUDA vs CPU, and f16 vs oscar2 at the speed targets' depths, in one call
 #   bash gpu/run.sh clocks [D]    tg32/tg128 at depth D (131072) with the SM clock and power logged beside it
 #   bash gpu/run.sh profile [D]   where decode time goes: ncu kernel times at depth 0 (f16 vs oscar2),
@@ -31,6 +34,8 @@
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
 ROOT=$(pwd)
+# many sequences at once: batched, trace_batched, equal, serve
+source "$(dirname "${BASH_SOURCE[0]}")/serving.sh"
 OUT=${OUT:-/tmp/oscar-out}
 mkdir -p "$OUT"
 export OSCAR_CACHE_DIR=/tmp/oscar-cache
@@ -75,7 +80,7 @@ build() {
             > "$OUT/cmake.log" 2>&1 || { log "cmake failed"; tail -30 "$OUT/cmake.log"; return 1; }
     fi
     local t0=$(date +%s)
-    ninja -C "$B" -k 0 -j"$(nproc)" ${TARGETS:-test-backend-ops llama-bench llama-batched-bench llama-cli llama-perplexity} > "$OUT/build.log" 2>&1 \
+    ninja -C "$B" -k 0 -j"$(nproc)" ${TARGETS:-test-backend-ops llama-bench llama-batched-bench llama-cli llama-perplexity llama-server} > "$OUT/build.log" 2>&1 \
         || { log "build failed"; grep -E "error|Error" "$OUT/build.log" | head -40; return 1; }
     log "build ok in $(( $(date +%s) - t0 )) s"
 }
@@ -257,41 +262,6 @@ synth_model() {
             > "$OUT/synth.log" 2>&1 || { log "synth failed"; tail "$OUT/synth.log" >&2; return 1; }
     fi
     echo $M
-}
-
-# batched [NPP]: many sequences decoding together (llama-batched-bench, prompts of NPP tokens,
-# default 4096, then 32 decode steps), f16 against oscar2 in one call: a unified cache (-kvu,
-# llama-server's default) at BATCH_UNIFIED sequences, and one stream per sequence at BATCH_SPLIT
-# (defaults below); prints S_TG (decode tokens/s over all sequences) per row with oscar2/f16
-batched() {
-    local npp=${1:-4096} M T kvu npl maxb tag
-    pyenv
-    M=$(synth_model) || return 1
-    for kvu in -kvu ""; do
-        if [ -n "$kvu" ]; then npl=${BATCH_UNIFIED:-1,4,16,32}; tag=unified; else npl=${BATCH_SPLIT:-1,8,32,64}; tag=split; fi
-        maxb=$(tr ',' '\n' <<< "$npl" | sort -n | tail -1)
-        for T in ${BATCH_TYPES:-f16 oscar2}; do
-            "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((maxb*(npp + 64))) -npp $npp -ntg 32 -npl $npl \
-                -ctk $T -ctv $T > "$OUT/batched_${tag}_$T.txt" 2> "$OUT/batched_${tag}_$T.err" \
-                || log "batched $tag $T failed: $(tail -2 "$OUT/batched_${tag}_$T.err" | tr '\n' ' ')"
-        done
-    done
-    python3 - "$OUT" ${BATCH_TYPES:-f16 oscar2} <<'PY' | tee -a "$OUT/summary.txt"
-import pathlib, sys
-out, types = pathlib.Path(sys.argv[1]), sys.argv[2:]
-for tag in ("unified", "split"):
-    tg = {}
-    for t in types:
-        f = out / f"batched_{tag}_{t}.txt"
-        for line in (f.read_text().splitlines() if f.exists() else []):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 10 and cells[0].isdigit():
-                tg[(t, int(cells[2]))] = float(cells[7])
-    for b in sorted({b for _, b in tg}):
-        row = "  ".join(f"{t} {tg[(t, b)]:8.1f}" if (t, b) in tg else f"{t} -" for t in types)
-        ratio = f"  {types[-1]}/{types[0]} {tg[(types[-1], b)]/tg[(types[0], b)]:.2f}x" if all((t, b) in tg for t in types) else ""
-        print(f"batched {tag:7s} B={b:<4d} S_TG  {row}{ratio}")
-PY
 }
 
 # profile [DEPTH]: where decode time goes.
@@ -563,16 +533,23 @@ ab() {
 # device has no nsys): wall, GPU busy and idle time per call, and kernel time by name, the first
 # of TRACE_TYPES against the last. TRACE_RUNS="ARGS|N;..." (N: the last N calls are summed):
 # default the timed pp512 ubatch at 16384 and the last 16 tokens of tg32 at 32768
-trace() {
-    local M
-    pyenv
-    M=$(synth_model) || return 1
+# cupti_injection: gpu/trace/kernel_trace.cpp built against the toolkit's CUPTI into
+# /tmp/kernel_trace.so (CUDA_INJECTION64_PATH loads it into a tool; OSCAR_TRACE_OUT names its trace)
+cupti_injection() {
+    [ -f /tmp/kernel_trace.so ] && return 0
     local C=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")")
     local lib=$(ls "$C"/lib64/libcupti.so "$C"/targets/x86_64-linux/lib/libcupti.so "$C"/extras/CUPTI/lib64/libcupti.so 2>/dev/null | head -1)
     local inc=$(dirname "$(ls "$C"/include/cupti.h "$C"/targets/x86_64-linux/include/cupti.h "$C"/extras/CUPTI/include/cupti.h 2>/dev/null | head -1)")
     [ -n "$lib" ] || { log "trace: no libcupti under $C"; return 1; }
     g++ -O2 -shared -fPIC -I"$inc" -I"$C/include" gpu/trace/kernel_trace.cpp -o /tmp/kernel_trace.so -L"$(dirname "$lib")" -lcupti \
         -Wl,-rpath,"$(dirname "$lib")" || { log "trace: the injection library did not build"; return 1; }
+}
+
+trace() {
+    local M
+    pyenv
+    M=$(synth_model) || return 1
+    cupti_injection || return 1
     local run args n T first last i=0
     IFS=';' read -ra runs <<< "${TRACE_RUNS:--d 16384 -p 512 -n 0|1;-d 32768 -p 0 -n 32|16}"
     for run in "${runs[@]}"; do
@@ -689,6 +666,9 @@ case "${1:-all}" in
     profile) build && profile "${2:-}" ;;
     quick) build && quick ;;
     batched) build && batched "${2:-}" ;;
+    trace_batched) build && cupti_injection && trace_batched "${2:-}" ;;
+    equal) build && equal "${2:-}" ;;
+    serve) build && serve ;;
     clocks) build && clocks "${2:-}" ;;
     perf)  build && perf ;;
     trace) build && trace ;;

@@ -13,7 +13,7 @@ from oscar_gguf.paths import MissingComponentError
 from oscar_gguf.runtime import LlamaServer, kv_type, linked_libllama, patchset_version
 
 MARKER = "oscar-gguf-patches/1"
-TOOLS = ["llama-server", "llama-cli", "llama-perplexity", "llama-bench"]
+TOOLS = ["llama-server", "llama-cli", "llama-perplexity", "llama-bench", "llama-batched-bench"]
 
 
 @pytest.fixture(scope="module")

@@ -145,6 +145,27 @@ def test_seq_cp_keep_add_div(model, tokens):
             assert np.all(np.isfinite(lg))
 
 
+def test_window_rows_follow_the_running_sequences_not_the_pool(model, tokens):
+    """A unified cache sized for 32 sequences keeps 32 x (S + R) + n_ubatch slots (928 here). With one
+    sequence running, retired rows beyond the spare (one ubatch) are reused before the rows in use
+    grow: in the last 100 of 400 tokens attention reads one padded block of 256 window rows, where
+    keeping every retired row would have raised it to 512. The output is what a pool for one sequence gives."""
+    view = "oscar_window_k_l0 (view)"
+    win = dict(oscar_sink=4, oscar_recent=24, n_ubatch=32, **OSCAR)
+    outs, rows = [], []
+    with Model(model) as m:
+        for n_seq in (1, 32):
+            with Context(m, n_ctx=2048, n_seq_max=n_seq, kv_unified=True, capture=[view, ATTN0], **win) as c:
+                c.decode(tokens[:80])
+                for i, t in enumerate(tokens[80:400]):
+                    c.decode([t], 80 + i)
+                # the attention's view [n_stream, n_head_kv, rows, head_dim] (not the store's 2-D one)
+                rows.append(max(a.shape[-2] for a in c.captured[view][-200:] if a.shape[-3] == 3))
+                outs.append(last_attn(c))
+    assert rows == [256, 256]
+    assert rel(outs[1], outs[0]) < 1e-4
+
+
 def test_truncating_a_sequence_continues_exactly_or_is_refused(model, tokens):
     """A caller that truncates a sequence (a prompt cache, a regenerate) continues from an earlier
     position, whose window reaches back to tokens that had left the recent window. Their rows are

@@ -82,6 +82,7 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
     // are taken, so S + R per sequence plus one ubatch is always enough
     w->n_slots = std::min<uint64_t>(kv_size, (uint64_t) n_seq_str*(sink + recent) + cparams.n_ubatch);
     w->n_pad   = GGML_PAD(w->n_slots, HP_PAD);
+    w->n_keep  = w->n_slots - std::min<uint64_t>(w->n_slots, (uint64_t) n_seq_str*(sink + recent));
 
     w->streams.resize(n_stream);
     for (auto & st : w->streams) {
@@ -179,9 +180,13 @@ static void free_slot(llama_oscar_window::stream_slots & st, uint32_t slot) {
     }
 }
 
-// a free slot, else the oldest retired one; -1 when every slot is in use
-static int32_t alloc_slot(llama_oscar_window::stream_slots & st, uint32_t c) {
-    if (st.free.empty()) {
+// the lowest free slot, else the oldest retired one; -1 when every slot is in use. Also the
+// oldest retired one where the lowest free slot would raise the rows in use while more than
+// n_keep slots are retired: a pool sized for more sequences than are running would otherwise
+// fill up with retired rows, which every query of the stream scans (masked) at each step.
+static int32_t alloc_slot(const llama_oscar_window & w, llama_oscar_window::stream_slots & st, uint32_t c) {
+    const bool grows = st.free.empty() || *st.free.begin() >= st.high;
+    if (st.free.empty() || (grows && st.retired.size() > w.n_keep)) {
         if (st.retired.empty()) {
             return -1;
         }
@@ -252,7 +257,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
             if (need && st.cell_slot[c] >= 0) {
                 unretire(st, (uint32_t) st.cell_slot[c]); // the cell's previous token's slot: rewritten now
             } else if (need) {
-                if (alloc_slot(st, c) < 0 && !w->warned_full) {
+                if (alloc_slot(*w, st, c) < 0 && !w->warned_full) {
                     LLAMA_LOG_WARN("%s: oscar window full (%u slots): some window tokens are read from INT2\n", __func__, w->n_slots);
                     w->warned_full = true;
                 }
@@ -465,7 +470,7 @@ void llama_oscar_window_state_read(llama_kv_cache & kv, llama_io_read_i & io, ui
         const uint32_t c = cells[i];
         int32_t slot = st.cell_slot[c];
         if (slot < 0) {
-            slot = alloc_slot(st, c);
+            slot = alloc_slot(*w, st, c);
         }
         if (slot < 0) {
             throw std::runtime_error("oscar: the window of this context is too small for the saved state");

@@ -29,7 +29,9 @@
 // share cells, and the same whether a prompt arrives in one ubatch, several, or token by token.
 // A sequence holds slots for its sink, the R - 1 positions before its first query of the
 // ubatch, and the ubatch's own tokens: n_slots = n_seq x (S + R) + n_ubatch per stream, and
-// the slots left over at decode keep retired rows.
+// the slots left over at decode keep retired rows. While fewer sequences run than the pool is
+// sized for, retired rows beyond that spare are reused before the rows in use grow, so that
+// attention reads about as many window rows as the running sequences hold.
 //
 // Limits (documented): cells shifted into the sink range (context shift) are read from INT2.
 // A full slot pool (only with unusual position layouts) leaves a token in INT2.
@@ -55,6 +57,7 @@ struct llama_oscar_window {
 
     uint32_t n_slots = 0;                         // per stream
     uint32_t n_pad   = 0;                         // n_slots rounded up to HP_PAD: rows attention may read
+    uint32_t n_keep  = 0;                         // retired slots kept before the rows in use grow (the spare)
     uint32_t n_rows() const { return n_pad + 1; }   // + the trash row
     uint32_t trash()  const { return n_pad; }
 

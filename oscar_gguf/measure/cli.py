@@ -47,6 +47,16 @@ def _positive_int(text: str, expected: str = "an integer") -> int:
     return n
 
 
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError("must be above 0")
+    return x
+
+
 def _chunks(text: str) -> int | None:
     return None if text == "all" else _positive_int(text, "a number or 'all'")
 
@@ -165,28 +175,47 @@ def _add_synth(sub) -> None:
 _BENCH_ONLY = {"depths": "-d", "p": "-p", "n": "-n", "reps": "-r", "bandwidth": "--bandwidth",
                "roofline_only": "--roofline-only"}
 _SERVE_ONLY = {"clients": "-np", "prompt_tokens": "--prompt-tokens", "gen_tokens": "--gen-tokens", "ctx": "--ctx"}
+_EQUAL_ONLY = {"seq_ctx": "--seq-ctx", "layouts": "--layouts", "equal_gen": "--equal-gen"}
+# the modes of `oscar bench`, the flag that picks each, and the options only it takes
+_MODES = {"llama-bench": (None, _BENCH_ONLY), "--serve": ("serve", _SERVE_ONLY),
+          "--equal-memory": ("equal_memory", _EQUAL_ONLY)}
 
 
 def _given(args, options: dict) -> dict:
     return {k: v for k, v in vars(args).items() if k in options and v not in (None, False)}
 
 
+def _mode_error(args) -> str | None:
+    """Why the options given do not make one mode of `oscar bench`, or None."""
+    picked = [m for m, (dest, _) in _MODES.items() if dest and getattr(args, dest) not in (None, False)]
+    if len(picked) > 1:
+        return f"{picked[0]} does not go with {picked[1]}"
+    mode = picked[0] if picked else "llama-bench"
+    for other, (_, options) in _MODES.items():
+        stray = _given(args, options) if other != mode else {}
+        if stray:
+            flag = options[next(iter(stray))]
+            return f"{flag} goes with {other if other != 'llama-bench' else 'llama-bench runs'}, not {mode}"
+    if args.cpu and mode != "llama-bench":
+        return f"--cpu does not go with {mode}"
+    return None
+
+
 def cmd_bench(args) -> int:
     from ..format.gguf_read import model_info
     from . import bench
     from .kv_memory import window_from_args
-    stray = _given(args, _BENCH_ONLY if args.serve else _SERVE_ONLY)
-    if stray:
-        flag = (_BENCH_ONLY if args.serve else _SERVE_ONLY)[next(iter(stray))]
-        return _fail("bench", f"{flag} does not go with --serve" if args.serve else f"{flag} goes with --serve")
-    if args.cpu and args.serve:
-        return _fail("bench", "--cpu does not go with --serve")
+    why = _mode_error(args)
+    if why:
+        return _fail("bench", why)
     if args.model is None and not args.cpu:
         return _fail("bench", "give a model GGUF (only --cpu defaults to the bundled model)")
     if args.ngl is None:
         args.ngl = 0 if args.cpu else 99
     if args.serve:
         return _cmd_serve(args)
+    if args.equal_memory is not None:
+        return _cmd_equal_memory(args)
     if args.cpu:
         from .. import bundled_model_path
         args.model = args.model or str(bundled_model_path())
@@ -228,16 +257,36 @@ def _cmd_serve(args) -> int:
                               **_given(args, _SERVE_ONLY))
     except _user_errors() as e:
         return _fail("bench", str(e))
+    return _print_result(res, args.out, "serve")
+
+
+def _print_result(res, out: str, stem: str) -> int:
+    """A serving or equal-memory result as the tools print it, and the files it was written to."""
     print(f"{Path(res.meta['model']).name}, {res.meta['date']}, {res.meta['machine']}")
     print(res.to_text())
-    print(f"\nwrote {args.out}/serve.json, serve.md, serve.txt")
+    print(f"\nwrote {out}/{stem}.json, {stem}.md, {stem}.txt")
     return 0
+
+
+def _cmd_equal_memory(args) -> int:
+    from . import equal_memory
+    try:
+        res = equal_memory.run_equal_memory(
+            args.model, args.equal_memory, n_ctx=args.seq_ctx or equal_memory.DEFAULT_SEQ_CTX,
+            n_gen=args.equal_gen or equal_memory.DEFAULT_GEN, kv_types=args.types,
+            layouts=args.layouts or equal_memory.LAYOUTS, ngl=args.ngl, n_threads=args.threads,
+            extra_args=shlex.split(args.llama_args), oscar_args=shlex.split(args.oscar_args), out_dir=args.out,
+            command=_command_line(), log=None if not args.no_progress else (lambda m: None))
+    except _user_errors() as e:
+        return _fail("bench", str(e))
+    return _print_result(res, args.out, "equal_memory")
 
 
 def _add_bench(sub) -> None:
     from .bench import CPU_DEPTHS, CPU_GEN, DEFAULT_DEPTHS, DEFAULT_GEN, DEFAULT_PROMPT, DEFAULT_TYPES
     from .serve import DEFAULT_CLIENTS, DEFAULT_SLOTS
     from .serve import DEFAULT_GEN as SERVE_GEN, DEFAULT_PROMPT as SERVE_PROMPT
+    from .equal_memory import DEFAULT_GEN as EQ_GEN, DEFAULT_SEQ_CTX as EQ_CTX, LAYOUTS
     p = sub.add_parser("bench", help="llama-bench per KV type and depth, ratios vs f16, plot, roofline; "
                                      "--serve: llama-server under concurrent clients",
                        description="Runs llama-bench -fa 1 once per KV type at the same depths and prints "
@@ -281,6 +330,18 @@ def _add_bench(sub) -> None:
                    help=f"generated tokens per client, at least 2 (default {SERVE_GEN})")
     g.add_argument("--ctx", type=_positive_int, default=None,
                    help="context per slot (default: prompt + generated tokens, rounded up to 256)")
+    g = p.add_argument_group("equal memory (--equal-memory)")
+    g.add_argument("--equal-memory", type=_positive_float, default=None, metavar="GIB",
+                   help="per KV type and cache layout, the most sequences whose KV cache fits GIB GiB, "
+                        "each filled and decoded together (llama-batched-bench); writes equal_memory.json, "
+                        ".md, .txt")
+    g.add_argument("--seq-ctx", type=_positive_int, default=None,
+                   help=f"tokens per sequence (default {EQ_CTX})")
+    g.add_argument("--equal-gen", type=_positive_int, default=None,
+                   help=f"of them, decoded together at the end (default {EQ_GEN})")
+    g.add_argument("--layouts", type=_str_list, default=None,
+                   help="cache layouts: " + ",".join(LAYOUTS) + " (one KV stream per sequence, or one unified "
+                        "cache; default both)")
     p.set_defaults(func=cmd_bench)
 
 

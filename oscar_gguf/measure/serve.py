@@ -14,11 +14,10 @@ first-touch costs out of the figures. How tokens are timed: serve_client.py.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -26,6 +25,7 @@ from ..atomic import write_text_atomic
 from ..runtime import LlamaServer
 from .bench import DEFAULT_TYPES
 from .kv_memory import storage_bits
+from .result_tables import ResultTable
 from .serve_client import ClientError, RoundStats, round_stats, run_clients
 from .texts import EVAL_TEXT
 from .tool_runs import EvalError, last_error_line, load_model_info, machine_description, output_folder
@@ -74,33 +74,16 @@ def _cells(r: ServeRow) -> list[str]:
             _ratio(r.itl_p99_vs_f16)]
 
 
-@dataclass
-class ServeResult:
-    rows: list[ServeRow] = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
+class ServeResult(ResultTable):
+    TITLE, N_LEFT = "oscar bench --serve", 4
 
     def caption(self) -> str:
         m = self.meta
         return (f"llama-server -fa on, {m.get('prompt_tokens')} prompt tokens and {m.get('gen_tokens')} generated "
                 f"tokens per client, context {m.get('ctx_per_slot')} per slot")
 
-    def to_text(self) -> str:
-        table = [list(_COLUMNS)] + [_cells(r) for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
-        return "\n".join([self.caption(), *lines])
-
-    def to_markdown(self) -> str:
-        m = self.meta
-        head = [f"# oscar bench --serve: {Path(m.get('model', '')).name}", "",
-                f"{self.caption()}; {m.get('date')}, {m.get('machine')}.", "",
-                *([f"Command: `{m['command']}`", ""] if m.get("command") else [])]
-        table = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * 4 + "---:|" * (len(_COLUMNS) - 4)]
-        table += ["| " + " | ".join(_cells(r)) + " |" for r in self.rows]
-        return "\n".join(head + table)
-
-    def to_json(self) -> str:
-        return json.dumps({"meta": self.meta, "rows": [asdict(r) for r in self.rows]}, indent=2)
+    def table(self) -> list[list[str]]:
+        return [list(_COLUMNS)] + [_cells(r) for r in self.rows]
 
 
 def _add_ratios(rows: list[ServeRow]) -> None:
