@@ -84,6 +84,9 @@ int32_t ggml_flash_attn_ext_get_seq_tokens(const struct ggml_tensor * a) {
 
 bool ggml_oscar_backend_reads_window(const char * dev_name) {
     // backends whose flash attention reads the window rows (CPU: ggml-cpu/ops.cpp; CUDA:
-    // ggml-oscar/cuda/attn-decode.cu, attn-prefill.cu)
-    return dev_name != NULL && (strcmp(dev_name, "CPU") == 0 || strncmp(dev_name, "CUDA", 4) == 0);
+    // ggml-oscar/cuda/attn-decode.cu, attn-prefill.cu). An RPC device ("RPC0[host:port]", ...)
+    // sends the node, window sources included, to a server that holds oscar2 buffers, so one built
+    // from these sources, and only the two backends above have flash attention over oscar2 at all.
+    return dev_name != NULL && (strcmp(dev_name, "CPU") == 0 || strncmp(dev_name, "CUDA", 4) == 0 ||
+                                strncmp(dev_name, "RPC", 3) == 0);
 }

@@ -43,20 +43,21 @@ PY
 
 # trace_batched [B]: where the time of B sequences' decode steps goes: llama-batched-bench
 # (unified cache unless TRACE_KVU is empty, prompts of TRACE_NPP tokens, 16 decode steps) under
-# the CUPTI injection library, f16 and oscar2; gpu/trace_summary.py over the last 8 steps
-# (wall, GPU busy, kernel time by name, oscar2 against f16)
+# the CUPTI injection library, f16 and oscar2 (TRACE_TYPES: oscar2 alone where f16's cache does
+# not fit); gpu/trace_summary.py over the last 8 steps (wall, GPU busy, kernel time by name,
+# oscar2 against f16)
 trace_batched() {
     local b=${1:-16} npp=${TRACE_NPP:-4096} kvu=${TRACE_KVU--kvu} M T
     pyenv
     M=$(synth_model) || return 1
-    for T in oscar2 f16; do
+    for T in ${TRACE_TYPES:-oscar2 f16}; do
         OSCAR_TRACE_OUT="$OUT/trace_b${b}_$T.tsv" CUDA_INJECTION64_PATH=/tmp/kernel_trace.so \
             "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((b*(npp + 64))) -npp $npp -ntg 16 -npl $b \
             -ctk $T -ctv $T > "$OUT/trace_b${b}_$T.txt" 2> "$OUT/trace_b${b}_$T.err" \
             || log "trace_batched $T failed: $(tail -2 "$OUT/trace_b${b}_$T.err" | tr '\n' ' ')"
         log "trace_batched B=$b ${kvu:-per-sequence} npp $npp $T under tracing: $(grep -E '^\|' "$OUT/trace_b${b}_$T.txt" | tail -1)"
     done
-    python3 gpu/trace_summary.py 8 "$OUT/trace_b${b}_oscar2.tsv" "$OUT/trace_b${b}_f16.tsv" 2>&1 | tee -a "$OUT/summary.txt"
+    python3 gpu/trace_summary.py 8 $(for T in ${TRACE_TYPES:-oscar2 f16}; do echo "$OUT/trace_b${b}_$T.tsv"; done) 2>&1 | tee -a "$OUT/summary.txt"
     xz -T0 "$OUT"/trace_b${b}_*.tsv
 }
 

@@ -10,7 +10,10 @@ between those copies. For the last N calls of each trace (N = 1: the timed prefi
 - GPU busy: the union of the kernel, copy and memset intervals; idle = wall - busy, the time the
   GPU waited for the host (launches, graph updates, synchronization);
 - by kernel name, the time and the launch count; with two traces, side by side, largest
-  difference (A - B) first, only names that differ by more than 1 us a call.
+  difference (A - B) first, only names that differ by more than 1 us a call;
+- the host's two gaps, medians over the calls: from the previous call's copy to this call's
+  first input copy (the host between steps: the batch, the cache's slots, the graph's inputs
+  such as the mask), and from the last input copy to the first kernel.
 """
 import collections
 import re
@@ -64,6 +67,20 @@ def busy_ns(recs: list[tuple]) -> int:
     return total + ((cur_e - cur_s) if cur_e is not None else 0)
 
 
+def host_gaps(cs: list[list[tuple]]) -> tuple[float, float]:
+    """Median host gaps of the calls, us: before the first input copy, and inputs to first kernel."""
+    before, inputs = [], []
+    for c in cs:
+        rs = c[1:]
+        first_k = next(r for r in rs if r[0] == "K")
+        copies = [r for r in rs if r[0] == "C" and r[1] < first_k[1]]
+        if copies:
+            before.append(copies[0][1] - c[0][2])
+            inputs.append(first_k[1] - max(r[2] for r in copies))
+    med = lambda x: sorted(x)[len(x)//2]/1e3 if x else float("nan")
+    return med(before), med(inputs)
+
+
 def summarize(path: str, n: int):
     recs = load(path)
     cs = calls(recs, n)
@@ -77,16 +94,17 @@ def summarize(path: str, n: int):
             key = names[r[3]] if r[0] == "K" else {"C": "(copy kind " + r[3] + ")", "S": "(memset)"}[r[0]]
             t[key] += (r[2] - r[1])/1e3/n
             cnt[key] += 1
-    return wall/1e3/n, busy/1e3/n, t, cnt
+    return wall/1e3/n, busy/1e3/n, t, cnt, host_gaps(cs)
 
 
 def main():
     n = int(sys.argv[1])
     res = [(p, summarize(p, n)) for p in sys.argv[2:4]]
-    for p, (wall, busy, t, cnt) in res:
+    for p, (wall, busy, t, cnt, (before, inputs)) in res:
         print(f"{p}: last {n} call(s), per call: wall {wall:.1f} us, GPU busy {busy:.1f} us, "
-              f"GPU idle {wall - busy:.1f} us, {sum(cnt.values())/n:.0f} launches, kernel time {sum(t.values()):.1f} us")
-    (_, (_, _, ta, ca)), (_, (_, _, tb, cb)) = res[0], res[-1]
+              f"GPU idle {wall - busy:.1f} us, {sum(cnt.values())/n:.0f} launches, kernel time {sum(t.values()):.1f} us; "
+              f"host gaps (medians): before the inputs {before:.1f} us, inputs to first kernel {inputs:.1f} us")
+    (_, (_, _, ta, ca, _)), (_, (_, _, tb, cb, _)) = res[0], res[-1]
     keys = sorted(set(ta) | set(tb), key=lambda k: -(ta[k] - tb[k]) if len(res) > 1 else -ta[k])
     for k in keys:
         if len(res) == 1:

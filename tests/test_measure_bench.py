@@ -120,3 +120,22 @@ def test_bench_cpu_preset(tiny_model, tmp_path, capsys):
     assert cli(["bench", "--no-progress"]) == 2
     errs = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(errs) == 2 and all(ln.startswith("oscar bench: error:") for ln in errs), errs
+
+
+def test_bench_through_another_command(tiny_model, tmp_path):
+    # tool=: llama-bench started by another command (benchmarks/arm_bench.py: qemu and an aarch64
+    # build); here a launcher script that records its arguments and runs the installed llama-bench
+    from oscar_gguf.paths import tool_path
+    seen = tmp_path / "launched.txt"
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(f'#!/bin/sh\necho "$@" >> "{seen}"\nexec "$@"\n')
+    launcher.chmod(0o755)
+    res = bench.run_bench(tiny_model, kv_types=["f16", "oscar2"], depths=[0], n_prompt=16, n_gen=4, ngl=0, reps=1,
+                          n_threads=2, out_dir=tmp_path / "out", progress=False, plot=False,
+                          oscar_args=["--oscar-sink", "8", "--oscar-recent", "16"],
+                          tool=[str(launcher), str(tool_path("llama-bench"))], machine="a launcher")
+    assert not res.notes
+    assert {(r.kv_type, r.test) for r in res.rows} == {(t, x) for t in ("f16", "oscar2") for x in ("pp16", "tg4")}
+    lines = seen.read_text().splitlines()
+    assert len(lines) == 2 and all(ln.startswith(str(tool_path("llama-bench"))) for ln in lines)
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["meta"]["machine"] == "a launcher"

@@ -12,6 +12,7 @@
 #include "ops.cuh"
 
 #include <algorithm>
+#include <climits>
 
 #define OSCAR_WIN_LITE_ROWS 512 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk
 #define OSCAR_WIN_MAX_ROWS 1024 // k_fa_int2_mma: the most window rows of a chunk (one block's share)
@@ -126,12 +127,15 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         // cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         if (Kw) {
-            // with several groups of queries (many sequences) every group takes every chunk, and
-            // the partials, which the combine reads back, grow with groups x chunks: the chunks
-            // then grow to fill one wave of blocks with them, up to OSCAR_WIN_MAX_ROWS rows
+            // with several groups of queries (many sequences in one stream) every group takes
+            // every chunk, and the partials, which the combine reads back, grow with groups x
+            // chunks: the chunks then grow to fill one wave of blocks with them, up to
+            // OSCAR_WIN_MAX_ROWS rows. One group (one sequence, or one stream per sequence) keeps
+            // chunks of one step: larger ones, taken by a few of the cache's splits, leave those
+            // splits' rows to the others, whose blocks then end last.
             const int n_win = (int) Kw->ne[1];
             const int one   = OSCAR_FA_WARPS*WARP_SIZE;
-            const int fit   = std::max(1, OSCAR_MMA_BLOCKS_PER_SM*n_sm/base);
+            const int fit   = n_groups > 1 ? std::max(1, OSCAR_MMA_BLOCKS_PER_SM*n_sm/base) : INT_MAX;
             ns_win  = std::max((n_win + OSCAR_WIN_MAX_ROWS - 1)/OSCAR_WIN_MAX_ROWS, std::min((n_win + one - 1)/one, fit));
             rps_win = ((n_win + ns_win - 1)/ns_win + one - 1)/one*one;
             ns_win  = (n_win + rps_win - 1)/rps_win;

@@ -136,17 +136,25 @@ void llama_oscar_window_configure(llama_kv_cache & kv, const llama_model & model
 
 // ---- membership -------------------------------------------------------------------------
 
-// first_q[s]: the earliest query position of sequence s that attention will still run,
-// i.e. its first token in the ubatch being applied, else the position after its last one
+// a sequence of a stream and the earliest query position of it that attention will still run:
+// its first token in the ubatch being applied, else the position after its last one
+struct seq_query {
+    llama_seq_id seq;
+    llama_pos    first_q;
+};
+
+// whether cell c is read from the window by a query still to come. Only the sequences of the
+// cell's stream are asked: with one stream per sequence that is one, where asking every sequence
+// the context holds made each step's apply cost streams x slots x sequences.
 static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c,
-        const std::vector<llama_pos> & first_q) {
+        const std::vector<seq_query> & queries) {
     if (cells.is_empty(c)) {
         return false;
     }
     const llama_pos p = cells.pos_get(c);
-    for (llama_seq_id s = 0; s < (llama_seq_id) first_q.size(); ++s) {
+    for (const seq_query & q : queries) {
         // a cell is needed while some query at first_q or later reads it: p > first_q - R
-        if (cells.seq_has(c, s) && llama_oscar_window_reads(w, p, first_q[s])) {
+        if (cells.seq_has(c, q.seq) && llama_oscar_window_reads(w, p, q.first_q)) {
             return true;
         }
     }
@@ -221,16 +229,20 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
         const auto & cells  = v_cells[strm];
         auto & st = w->streams[strm];
 
-        // the earliest query of every sequence: its first token in this ubatch, else the next one
-        std::vector<llama_pos> first_q(n_seq);
+        // the stream's sequences (those with cells in it; the ubatch's are in the cells already)
+        // and the earliest query of each: its first token in this ubatch, else the next one
+        std::vector<seq_query> queries;
         for (llama_seq_id q = 0; q < (llama_seq_id) n_seq; ++q) {
-            first_q[q] = cells.seq_pos_max(q) + 1;
+            const llama_pos last = cells.seq_pos_max(q);
+            if (last >= 0) {
+                queries.push_back({ q, last + 1 });
+            }
         }
         for (uint32_t c : sinfo.idxs[s]) {
             if (!cells.is_empty(c)) {
-                for (llama_seq_id q = 0; q < (llama_seq_id) n_seq; ++q) {
-                    if (cells.seq_has(c, q)) {
-                        first_q[q] = std::min(first_q[q], cells.pos_get(c));
+                for (seq_query & q : queries) {
+                    if (cells.seq_has(c, q.seq)) {
+                        q.first_q = std::min(q.first_q, cells.pos_get(c));
                     }
                 }
             }
@@ -245,7 +257,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
             }
             if (cells.is_empty(c)) {
                 free_slot(st, slot);
-            } else if (needs_slot(*w, cells, (uint32_t) c, first_q)) {
+            } else if (needs_slot(*w, cells, (uint32_t) c, queries)) {
                 unretire(st, slot);
             } else {
                 retire(st, slot);
@@ -253,7 +265,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
         }
         // the tokens of this ubatch: a slot if a query of this ubatch or a later one reads them
         for (uint32_t c : sinfo.idxs[s]) {
-            const bool need = needs_slot(*w, cells, c, first_q);
+            const bool need = needs_slot(*w, cells, c, queries);
             if (need && st.cell_slot[c] >= 0) {
                 unretire(st, (uint32_t) st.cell_slot[c]); // the cell's previous token's slot: rewritten now
             } else if (need) {

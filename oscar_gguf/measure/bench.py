@@ -129,11 +129,14 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
               extra_args: Sequence[str] = (), oscar_args: Sequence[str] = (),
               out_dir: str | Path = "oscar-bench", bandwidth_gbs: float | None = None,
               progress: bool = True, timeout_per_type: float = 3600, command: str | None = None,
-              plot: bool = True, log: Callable[[str], None] | None = None) -> BenchResult:
+              plot: bool = True, log: Callable[[str], None] | None = None,
+              tool: Sequence[str] | None = None, machine: str | None = None) -> BenchResult:
     """llama-bench for each KV type at each depth; writes bench.csv/.json/.txt and bench.png.
 
     oscar_args go to the oscar2 runs only (e.g. --oscar-sink 0 --oscar-recent 0). A type
     that llama-bench cannot run becomes a note. With bandwidth_gbs the roofline is added.
+    `tool` runs in place of the installed llama-bench (benchmarks/arm_bench.py: qemu and an
+    aarch64 build), and `machine` then describes where it ran.
     """
     model, info = load_model_info(model)
     if not kv_types:
@@ -161,7 +164,7 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
     try:
         for t in kv_types:
             args = [*common, "-ctk", t, "-ctv", t, *(oscar_args if t.startswith("oscar2") else ())]
-            records, note = _bench_type(t, args, out_dir, timeout_per_type, bar, per_type)
+            records, note = _bench_type(t, args, out_dir, timeout_per_type, bar, per_type, tool)
             if note:
                 res.notes[t] = note
                 say(f"[oscar bench] {t}: {note} (log: {out_dir / 'logs' / f'bench-{t}.log'})")
@@ -175,7 +178,8 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
                 "depths": depths, "n_prompt": n_prompt, "n_gen": n_gen, "ngl": ngl,
                 "extra_args": list(extra_args), "oscar_args": list(oscar_args),
                 "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "machine": machine_description(), "command": command, "seconds": round(time.monotonic() - t0, 1)}
+                "machine": machine or machine_description(), "command": command,
+                "seconds": round(time.monotonic() - t0, 1)}
     if bandwidth_gbs:
         res.roofline = roofline(info, kv_types, depths, bandwidth_gbs, measured=res,
                                 window=window_from_args(info, oscar_args))
@@ -197,7 +201,8 @@ def _bench_args(model: Path, depths: list[int], n_prompt: int, n_gen: int, ngl: 
     return args + list(extra_args)
 
 
-def _bench_type(kv_type: str, args: list[str], out_dir: Path, timeout: float, bar, per_type: int) -> tuple[list, str]:
+def _bench_type(kv_type: str, args: list[str], out_dir: Path, timeout: float, bar, per_type: int,
+                tool: Sequence[str] | None = None) -> tuple[list, str]:
     """(llama-bench's test records, a note when it failed) of one KV type."""
     if bar:
         bar.set_description(kv_type)
@@ -213,7 +218,7 @@ def _bench_type(kv_type: str, args: list[str], out_dir: Path, timeout: float, ba
 
     stdout: list[str] = []
     code, out = stream_tool("llama-bench", args, on_out, timeout=timeout, log_path=out_dir / "logs" / f"bench-{kv_type}.log",
-                            stdout_only=stdout)
+                            stdout_only=stdout, command=tool)
     try:
         records = parse_bench_json(stdout[0]) if code == 0 else []
     except (ValueError, json.JSONDecodeError):

@@ -44,15 +44,16 @@ def output_folder(out_dir: str | Path) -> Path:
 
 def stream_tool(name: str, args: Sequence[str], on_output: Callable[[str], None] | None = None,
                 env: dict | None = None, timeout: float | None = None, log_path: Path | None = None,
-                stdout_only: list | None = None) -> tuple[int, str]:
+                stdout_only: list | None = None, command: Sequence[str] | None = None) -> tuple[int, str]:
     """Run an installed llama.cpp tool, calling on_output with each new piece of its output
     (unbuffered: llama-perplexity prints its progress without newlines).
 
     Returns (exit code, stdout and stderr as they came). If stdout_only is a list, stdout
     alone is appended to it too (llama-bench's JSON must not mix with its stderr).
-    A timeout kills the tool and returns code 124.
+    A timeout kills the tool and returns code 124. `command` runs in place of the installed
+    tool (an emulator and a cross-built binary, say).
     """
-    cmd = [str(tool_path(name)), *map(str, args)]
+    cmd = [*(map(str, command) if command else [str(tool_path(name))]), *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **(env or {})})
     assert proc.stdout is not None and proc.stderr is not None
