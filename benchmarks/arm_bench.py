@@ -9,7 +9,7 @@ for aarch64-linux-musl with zig, CPU backend only, static, for a Cortex-A76 (arm
 dotprod and fp16, as a Neoverse N1 or newer: Raspberry Pi 5, Graviton 2), into
 <cache>/build/aarch64-bench; its llama-bench then runs under qemu-aarch64-static with
 `oscar bench --cpu`'s flags and tables (the bundled model by default). zig comes from PyPI and
-qemu from Debian's archive, as for tests/test_oscar2_rows.py (tests/arm_tools.py).
+qemu from Debian's archive, as for tests/test_oscar2_rows.py (llama.cpp/arm_tools.py).
 
 Emulated timing is indicative only: qemu translates every Arm instruction, NEON included, into
 host code, so the ratios say which KV type does more work per token on an Arm core, not how
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "llama.cpp")]
+sys.path.insert(0, str(REPO / "llama.cpp"))
 
 import arm_tools  # noqa: E402
 import fetch  # noqa: E402
@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=16, help="generated tokens of the tg test (default 16)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--types", default="f16,q8_0,q4_0,oscar2")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over the types, medians reported (default 1)")
     ap.add_argument("-o", "--out", default="oscar-arm-bench")
     a = ap.parse_args()
     if shutil.which("cmake") is None or shutil.which("ninja") is None:
@@ -97,11 +98,11 @@ def main() -> int:
     exe = build_llama_bench()
     qemu = arm_tools.qemu_aarch64()
     machine = f"{qemu_version(qemu)}, {ZIG_CPU} code (emulated) on {os.cpu_count()} host CPU threads"
-    cmd = f"benchmarks/arm_bench.py -d {a.depths} -p {a.p} -n {a.n} -t {a.threads}"
+    cmd = f"benchmarks/arm_bench.py -d {a.depths} -p {a.p} -n {a.n} -t {a.threads} --types {a.types} --rounds {a.rounds}"
     res = run_bench(a.model or bundled_model_path(), kv_types=a.types.split(","),
                     depths=[int(x) for x in a.depths.split(",")], n_prompt=a.p, n_gen=a.n, ngl=0, reps=1,
                     n_threads=a.threads, out_dir=a.out, progress=False, command=cmd, plot=False,
-                    tool=[str(qemu), str(exe)], machine=machine)
+                    tool=[str(qemu), str(exe)], machine=machine, rounds=a.rounds)
     print((Path(a.out) / "bench.txt").read_text())
     return 1 if res.notes else 0
 

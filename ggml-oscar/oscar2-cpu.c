@@ -25,11 +25,6 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define OSCAR2_AVX2 1
-#endif
-
 // ---- the cache rows in flash attention: K.Q and P.V from the 2-bit codes (oscar2-rows.h) ---
 
 // ggml_vec_dot_t: (n, s, bs, x, bx, y, by, nrc); nrc is always 1 for our types
@@ -68,52 +63,15 @@ void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k) {
 
 // ---- high-precision window rows in the CPU flash attention -------------------------------
 //
-// The window's rows are f16 or bf16 (--oscar-window-type). Converted row by row through the
-// type's to_float into a buffer (ggml-base's f16 row conversion is a scalar loop) and then dotted
-// by a scalar loop, they take about half of a CPU decode at small depth (perf of llama-bench,
-// bundled model, one thread, tg32 at depth 1024). With F16C the f16 rows are converted 8 values
-// at a time and K is dotted in the same pass, which makes that decode about 1.5x faster. The
-// scalar path stays the reference and serves bf16.
-
-#if defined(OSCAR2_AVX2)
-static float window_kq_f16_avx2(const ggml_fp16_t * k, const float * q, int64_t n) {
-    __m256 acc0 = _mm256_setzero_ps();
-    __m256 acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (k + i)));
-        const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (k + i + 8)));
-        acc0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q + i),     acc0);
-        acc1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q + i + 8), acc1);
-    }
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    float s = _mm_cvtss_f32(r);
-    for (; i < n; ++i) {
-        s += oscar2_fp16_to_fp32(k[i])*q[i];
-    }
-    return s;
-}
-
-static void window_v_f16_avx2(const ggml_fp16_t * v, float * out, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (v + i))));
-    }
-    for (; i < n; ++i) {
-        out[i] = oscar2_fp16_to_fp32(v[i]);
-    }
-}
-#endif
+// The window's rows are f16 or bf16 (--oscar-window-type). f16 rows go through the row loops of
+// oscar2-rows.h (F16C or NEON conversion, K dotted in the same pass): through ggml-base's scalar
+// row conversion and a scalar dot they took about half of a CPU decode at small depth (perf of
+// llama-bench, bundled model, one thread, tg32 at depth 1024). bf16 rows take the type's to_float.
 
 float oscar2_cpu_window_kq(const void * k_row, int type, const float * q, int64_t dk) {
-#if defined(OSCAR2_AVX2)
     if (type == GGML_TYPE_F16) {
-        return window_kq_f16_avx2((const ggml_fp16_t *) k_row, q, dk);
+        return oscar2_rows_f16_dot((const uint16_t *) k_row, q, dk);
     }
-#endif
     float k32[1024];
     GGML_ASSERT(dk <= 1024);
     ggml_get_type_traits((enum ggml_type) type)->to_float(k_row, k32, dk);
@@ -125,12 +83,10 @@ float oscar2_cpu_window_kq(const void * k_row, int type, const float * q, int64_
 }
 
 void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) {
-#if defined(OSCAR2_AVX2)
     if (type == GGML_TYPE_F16) {
-        window_v_f16_avx2((const ggml_fp16_t *) v_row, out, dv);
+        oscar2_rows_f16_to_f32((const uint16_t *) v_row, out, dv);
         return;
     }
-#endif
     ggml_get_type_traits((enum ggml_type) type)->to_float(v_row, out, dv);
 }
 

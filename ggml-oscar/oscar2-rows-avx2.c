@@ -4,7 +4,8 @@
 //
 // A block's G/4 code bytes are read 8 at a time, widened to eight 32-bit lanes; shifting those by
 // 2s gives the codes of elements s*G/4 + 8c .. +7 (byte b holds elements b, b+G/4, b+G/2, b+3G/4),
-// so each step of 8 lanes is one and, one convert and one shift, with no shuffles.
+// so each step of 8 lanes is one and, one convert and one shift, with no shuffles. The window's
+// f16 rows are converted 8 values at a time by F16C.
 
 #include "oscar2-rows.h"
 
@@ -81,5 +82,33 @@ void oscar2_rows_mad_avx2(const void * x, float w, float * acc, int64_t n, int G
 
 void oscar2_rows_to_f32_avx2(const void * x, float * y, int64_t n, int G) {
     values(x, 0.0f, y, n, G, 0);
+}
+
+static inline __m256 halves8(const uint16_t * k) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) k));
+}
+
+float oscar2_rows_f16_dot_avx2(const uint16_t * k, const float * y, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        acc0 = _mm256_fmadd_ps(halves8(k + j),     _mm256_loadu_ps(y + j),     acc0);
+        acc1 = _mm256_fmadd_ps(halves8(k + j + 8), _mm256_loadu_ps(y + j + 8), acc1);
+    }
+    float sum = hsum(_mm256_add_ps(acc0, acc1));
+    for (; j < n; ++j) {
+        sum += _cvtsh_ss(k[j])*y[j];
+    }
+    return sum;
+}
+
+void oscar2_rows_f16_to_f32_avx2(const uint16_t * k, float * y, int64_t n) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        _mm256_storeu_ps(y + j, halves8(k + j));
+    }
+    for (; j < n; ++j) {
+        y[j] = _cvtsh_ss(k[j]);
+    }
 }
 #endif

@@ -94,4 +94,33 @@ void oscar2_rows_mad_neon(const void * x, float w, float * acc, int64_t n, int G
 void oscar2_rows_to_f32_neon(const void * x, float * y, int64_t n, int G) {
     values(x, 0.0f, y, n, G, 0);
 }
+
+static inline float32x4_t halves4(const uint16_t * k) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(k)));
+}
+
+float oscar2_rows_f16_dot_neon(const uint16_t * k, const float * y, int64_t n) {
+    float32x4_t acc[4] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        for (int i = 0; i < 4; ++i) {
+            acc[i] = vfmaq_f32(acc[i], halves4(k + j + 4*i), vld1q_f32(y + j + 4*i));
+        }
+    }
+    float sum = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+    for (; j < n; ++j) {
+        sum += half_to_f32(k[j])*y[j];
+    }
+    return sum;
+}
+
+void oscar2_rows_f16_to_f32_neon(const uint16_t * k, float * y, int64_t n) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        vst1q_f32(y + j, halves4(k + j));
+    }
+    for (; j < n; ++j) {
+        y[j] = half_to_f32(k[j]);
+    }
+}
 #endif

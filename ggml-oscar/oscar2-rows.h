@@ -5,11 +5,16 @@
 //   mad      P.V:  acc_j = fma(value_j, w, acc_j)
 //   to_f32   y_j = value_j (the prefill's tiles)
 //
+// and, for the high-precision window's f16 rows (K.q and the row as f32 for P.V and the tiles):
+//
+//   f16_dot      sum_j k_j * y_j
+//   f16_to_f32   y_j = k_j
+//
 // with value_j = m + code_j*d of its block. Each loop exists as the plain reference
 // (oscar2-rows-scalar.c) and per ISA (oscar2-rows-avx2.c, oscar2-rows-neon.c); oscar2_rows_*
 // below picks the one the compiler targets. mad and to_f32 are bit-exact against the reference
-// (m + code*d is exact before its one rounding, and all paths fuse the multiply-add); dot differs
-// only by the order of its float sums. tests/c/oscar2_rows_check.c checks each vector path against
+// (m + code*d is exact before its one rounding, and all paths fuse the multiply-add), as is
+// f16_to_f32 (the conversion is exact); dot and f16_dot differ only by the order of their float sums. tests/c/oscar2_rows_check.c checks each vector path against
 // the reference (natively and, for NEON, under qemu-aarch64), tests/test_oscar2_rows.py the built
 // library. Nothing here depends on ggml, so that the check compiles on its own.
 #pragma once
@@ -25,17 +30,23 @@ extern "C" {
 float oscar2_rows_dot_scalar   (const void * x, const float * y, int64_t n, int G);
 void  oscar2_rows_mad_scalar   (const void * x, float w, float * acc, int64_t n, int G);
 void  oscar2_rows_to_f32_scalar(const void * x, float * y, int64_t n, int G);
+float oscar2_rows_f16_dot_scalar   (const uint16_t * k, const float * y, int64_t n);
+void  oscar2_rows_f16_to_f32_scalar(const uint16_t * k, float * y, int64_t n);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define OSCAR2_ROWS_AVX2 1
 float oscar2_rows_dot_avx2   (const void * x, const float * y, int64_t n, int G);
 void  oscar2_rows_mad_avx2   (const void * x, float w, float * acc, int64_t n, int G);
 void  oscar2_rows_to_f32_avx2(const void * x, float * y, int64_t n, int G);
+float oscar2_rows_f16_dot_avx2   (const uint16_t * k, const float * y, int64_t n);
+void  oscar2_rows_f16_to_f32_avx2(const uint16_t * k, float * y, int64_t n);
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #define OSCAR2_ROWS_NEON 1
 float oscar2_rows_dot_neon   (const void * x, const float * y, int64_t n, int G);
 void  oscar2_rows_mad_neon   (const void * x, float w, float * acc, int64_t n, int G);
 void  oscar2_rows_to_f32_neon(const void * x, float * y, int64_t n, int G);
+float oscar2_rows_f16_dot_neon   (const uint16_t * k, const float * y, int64_t n);
+void  oscar2_rows_f16_to_f32_neon(const uint16_t * k, float * y, int64_t n);
 #endif
 
 // the fastest path this compilation targets
@@ -66,6 +77,26 @@ static inline void oscar2_rows_to_f32(const void * x, float * y, int64_t n, int 
     oscar2_rows_to_f32_neon(x, y, n, G);
 #else
     oscar2_rows_to_f32_scalar(x, y, n, G);
+#endif
+}
+
+static inline float oscar2_rows_f16_dot(const uint16_t * k, const float * y, int64_t n) {
+#if defined(OSCAR2_ROWS_AVX2)
+    return oscar2_rows_f16_dot_avx2(k, y, n);
+#elif defined(OSCAR2_ROWS_NEON)
+    return oscar2_rows_f16_dot_neon(k, y, n);
+#else
+    return oscar2_rows_f16_dot_scalar(k, y, n);
+#endif
+}
+
+static inline void oscar2_rows_f16_to_f32(const uint16_t * k, float * y, int64_t n) {
+#if defined(OSCAR2_ROWS_AVX2)
+    oscar2_rows_f16_to_f32_avx2(k, y, n);
+#elif defined(OSCAR2_ROWS_NEON)
+    oscar2_rows_f16_to_f32_neon(k, y, n);
+#else
+    oscar2_rows_f16_to_f32_scalar(k, y, n);
 #endif
 }
 

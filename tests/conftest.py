@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "llama.cpp"))  # fetch.py / build.py
+sys.path.insert(0, str(REPO / "llama.cpp"))  # fetch.py / build.py / arm_tools.py
 
 
 def have_cuda_build() -> bool:

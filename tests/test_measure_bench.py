@@ -139,3 +139,37 @@ def test_bench_through_another_command(tiny_model, tmp_path):
     lines = seen.read_text().splitlines()
     assert len(lines) == 2 and all(ln.startswith(str(tool_path("llama-bench"))) for ln in lines)
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["meta"]["machine"] == "a launcher"
+
+
+def test_median_of_rounds():
+    def row(t, v):
+        return bench.BenchRow(kv_type="oscar2", test=t, depth=0, n_prompt=0, n_gen=4, tokens_per_s=v, stddev=0.1)
+    rounds = [[row("tg4", 10.0), row("pp16", 1.0)], [row("tg4", 30.0), row("pp16", 2.0)],
+              [row("tg4", 11.0), row("pp16", 9.0)], [row("tg4", 12.0), row("pp16", 3.0)]]
+    tg, pp = bench.median_of_rounds(rounds)
+    assert (tg.test, tg.tokens_per_s, tg.rounds) == ("tg4", 11.5, "10.000;30.000;11.000;12.000")
+    assert (pp.test, pp.tokens_per_s) == ("pp16", 2.5) and pp.stddev > 3
+    assert bench.median_of_rounds(rounds[:1]) == rounds[0]
+
+
+def test_bench_rounds_alternate_the_order(tiny_model, tmp_path):
+    # rounds=3: every type once per round, the order reversed every other round; rows are medians
+    from oscar_gguf.paths import tool_path
+    seen = tmp_path / "launched.txt"
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(f'#!/bin/sh\necho "$@" >> "{seen}"\nexec "$@"\n')
+    launcher.chmod(0o755)
+    out = tmp_path / "out"
+    res = bench.run_bench(tiny_model, kv_types=["f16", "oscar2"], depths=[0], n_prompt=16, n_gen=4, ngl=0, reps=1,
+                          n_threads=2, out_dir=out, progress=False, plot=False, rounds=3,
+                          tool=[str(launcher), str(tool_path("llama-bench"))], machine="a launcher")
+    assert not res.notes and res.meta["rounds"] == 3
+    order = [ln.split("-ctk ")[1].split()[0] for ln in seen.read_text().splitlines()]
+    assert order == ["f16", "oscar2", "oscar2", "f16", "f16", "oscar2"]
+    for r in res.rows:
+        vals = sorted(float(v) for v in r.rounds.split(";"))
+        assert len(vals) == 3 and abs(r.tokens_per_s - vals[1]) < 1e-3 * vals[1]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == [
+        f"bench-{t}-round{i}.log" for t in ("f16", "oscar2") for i in (1, 2, 3)]
+    assert "rounds" in (out / "bench.csv").read_text().splitlines()[0]
+    assert cli(["bench", "--serve", str(tiny_model), "--rounds", "2"]) == 2

@@ -3,7 +3,10 @@
 llama-bench runs once per KV type (its -ctk/-ctv lists would cross every K type with every
 V type), with flash attention on and the same depths, prompt and generation lengths, so
 the rows compare like with like. Results are read from its JSON output; ratios are taken
-against f16 at the same depth.
+against f16 at the same depth. With rounds > 1 every type runs once per round, the order of
+the types reversed every other round, and each row is the median of its rounds: on a shared
+or small machine the speed drifts over minutes, and one type run after another would carry
+that drift into the ratios.
 
 The roofline says what decode could reach if it were bound by memory bandwidth alone:
 per generated token it reads the weights once plus K and V of every cached token. With a
@@ -15,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +52,7 @@ class BenchRow:
     tokens_per_s: float
     stddev: float
     ratio_vs_f16: float | None = None
+    rounds: str = ""   # with rounds > 1: each round's tokens/s, ";"-separated (tokens_per_s is their median)
 
 
 @dataclass
@@ -130,13 +135,14 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
               out_dir: str | Path = "oscar-bench", bandwidth_gbs: float | None = None,
               progress: bool = True, timeout_per_type: float = 3600, command: str | None = None,
               plot: bool = True, log: Callable[[str], None] | None = None,
-              tool: Sequence[str] | None = None, machine: str | None = None) -> BenchResult:
+              tool: Sequence[str] | None = None, machine: str | None = None, rounds: int = 1) -> BenchResult:
     """llama-bench for each KV type at each depth; writes bench.csv/.json/.txt and bench.png.
 
     oscar_args go to the oscar2 runs only (e.g. --oscar-sink 0 --oscar-recent 0). A type
     that llama-bench cannot run becomes a note. With bandwidth_gbs the roofline is added.
     `tool` runs in place of the installed llama-bench (benchmarks/arm_bench.py: qemu and an
-    aarch64 build), and `machine` then describes where it ran.
+    aarch64 build), and `machine` then describes where it ran. rounds > 1: see the module's
+    docstring.
     """
     model, info = load_model_info(model)
     if not kv_types:
@@ -148,6 +154,8 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
         raise EvalError("depths must be >= 0")
     if n_prompt < 0 or n_gen < 0 or (n_prompt == 0 and n_gen == 0):
         raise EvalError("need -p or -n above 0")
+    if rounds < 1:
+        raise EvalError("rounds must be >= 1")
     out_dir = output_folder(out_dir)
     say = log or (lambda m: print(m, file=sys.stderr))
     if depths[-1] + n_prompt + n_gen > info.n_ctx_train:
@@ -158,25 +166,34 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=per_type * len(kv_types), unit="test", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=per_type * len(kv_types) * rounds, unit="test", file=sys.stderr, dynamic_ncols=True)
     res = BenchResult()
+    per_round: dict[str, list[list[BenchRow]]] = {t: [] for t in kv_types}
     t0 = time.monotonic()
     try:
-        for t in kv_types:
-            args = [*common, "-ctk", t, "-ctv", t, *(oscar_args if t.startswith("oscar2") else ())]
-            records, note = _bench_type(t, args, out_dir, timeout_per_type, bar, per_type, tool)
-            if note:
-                res.notes[t] = note
-                say(f"[oscar bench] {t}: {note} (log: {out_dir / 'logs' / f'bench-{t}.log'})")
-            res.rows += rows_from_records(records, t)
+        for rnd in range(rounds):
+            for t in (kv_types if rnd % 2 == 0 else list(reversed(kv_types))):
+                if t in res.notes:
+                    continue
+                args = [*common, "-ctk", t, "-ctv", t, *(oscar_args if t.startswith("oscar2") else ())]
+                log_name = f"bench-{t}.log" if rounds == 1 else f"bench-{t}-round{rnd + 1}.log"
+                records, note = _bench_type(t, args, out_dir / "logs" / log_name, timeout_per_type, bar, per_type, tool)
+                if note:
+                    res.notes[t] = note
+                    say(f"[oscar bench] {t}: {note} (log: {out_dir / 'logs' / log_name})")
+                    continue
+                per_round[t].append(rows_from_records(records, t))
     finally:
         if bar:
             bar.close()
+    for t in kv_types:
+        if t not in res.notes:
+            res.rows += median_of_rounds(per_round[t])
     _add_ratios(res.rows)
     res.meta = {"model": str(model), "arch": info.arch, "n_layer": info.n_layer, "n_head_kv": info.n_head_kv,
                 "head_dim": info.head_dim_k, "has_rotations": info.has_rotations, "kv_types": list(kv_types),
                 "depths": depths, "n_prompt": n_prompt, "n_gen": n_gen, "ngl": ngl,
-                "extra_args": list(extra_args), "oscar_args": list(oscar_args),
+                "extra_args": list(extra_args), "oscar_args": list(oscar_args), "rounds": rounds,
                 "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "machine": machine or machine_description(), "command": command,
                 "seconds": round(time.monotonic() - t0, 1)}
@@ -201,7 +218,24 @@ def _bench_args(model: Path, depths: list[int], n_prompt: int, n_gen: int, ngl: 
     return args + list(extra_args)
 
 
-def _bench_type(kv_type: str, args: list[str], out_dir: Path, timeout: float, bar, per_type: int,
+def median_of_rounds(rounds: list[list[BenchRow]]) -> list[BenchRow]:
+    """One KV type's rows from its rounds: per test and depth the median tokens/s (of an even
+    count, the mean of the middle two), the spread of the rounds as stddev, and every round's
+    value in `rounds`. A single round is returned as it is."""
+    if len(rounds) <= 1:
+        return rounds[0] if rounds else []
+    out = []
+    for first in rounds[0]:
+        same = [r for rows in rounds for r in rows if (r.test, r.depth) == (first.test, first.depth)]
+        vals = [r.tokens_per_s for r in same]
+        out.append(BenchRow(kv_type=first.kv_type, test=first.test, depth=first.depth, n_prompt=first.n_prompt,
+                            n_gen=first.n_gen, tokens_per_s=statistics.median(vals),
+                            stddev=statistics.stdev(vals) if len(vals) > 1 else first.stddev,
+                            rounds=";".join(f"{v:.3f}" for v in vals)))
+    return out
+
+
+def _bench_type(kv_type: str, args: list[str], log_path: Path, timeout: float, bar, per_type: int,
                 tool: Sequence[str] | None = None) -> tuple[list, str]:
     """(llama-bench's test records, a note when it failed) of one KV type."""
     if bar:
@@ -217,7 +251,7 @@ def _bench_type(kv_type: str, args: list[str], out_dir: Path, timeout: float, ba
                 seen["n"] = i - 1
 
     stdout: list[str] = []
-    code, out = stream_tool("llama-bench", args, on_out, timeout=timeout, log_path=out_dir / "logs" / f"bench-{kv_type}.log",
+    code, out = stream_tool("llama-bench", args, on_out, timeout=timeout, log_path=log_path,
                             stdout_only=stdout, command=tool)
     try:
         records = parse_bench_json(stdout[0]) if code == 0 else []

@@ -172,7 +172,7 @@ def _add_synth(sub) -> None:
 
 
 # options of one mode only; given to the other, they would be silently ignored
-_BENCH_ONLY = {"depths": "-d", "p": "-p", "n": "-n", "reps": "-r", "bandwidth": "--bandwidth",
+_BENCH_ONLY = {"depths": "-d", "p": "-p", "n": "-n", "reps": "-r", "rounds": "--rounds", "bandwidth": "--bandwidth",
                "roofline_only": "--roofline-only"}
 _SERVE_ONLY = {"clients": "-np", "prompt_tokens": "--prompt-tokens", "gen_tokens": "--gen-tokens", "ctx": "--ctx"}
 _EQUAL_ONLY = {"seq_ctx": "--seq-ctx", "layouts": "--layouts", "equal_gen": "--equal-gen"}
@@ -233,7 +233,7 @@ def cmd_bench(args) -> int:
         res = bench.run_bench(args.model, kv_types=args.types, depths=depths,
                               n_prompt=bench.DEFAULT_PROMPT if args.p is None else args.p,
                               n_gen=n_gen,
-                              ngl=args.ngl, reps=args.reps, n_threads=args.threads,
+                              ngl=args.ngl, reps=args.reps, n_threads=args.threads, rounds=args.rounds or 1,
                               extra_args=shlex.split(args.llama_args), oscar_args=shlex.split(args.oscar_args),
                               out_dir=args.out, bandwidth_gbs=args.bandwidth, progress=not args.no_progress,
                               command=_command_line())
@@ -309,6 +309,9 @@ def _add_bench(sub) -> None:
                    help=f"generated tokens of the tg test (0: none; default {DEFAULT_GEN})")
     p.add_argument("-ngl", type=int, default=None, help="layers on the GPU (default 99; 0 with --cpu)")
     p.add_argument("-r", "--reps", type=_positive_int, default=None, help="repetitions (llama-bench default 5)")
+    p.add_argument("--rounds", type=_positive_int, default=None,
+                   help="run every type this many times, alternating the order, and report each row's median "
+                        "(default 1): for machines whose speed drifts")
     p.add_argument("-t", "--threads", type=_positive_int, default=None)
     p.add_argument("--llama-args", default="", help="extra llama-bench (llama-server with --serve) flags for every run")
     p.add_argument("--oscar-args", default="", help="extra flags for the oscar2 runs only, "

@@ -4,7 +4,9 @@
 // cross-compiled for aarch64 (run under qemu-aarch64) by tests/test_oscar2_rows.py.
 //
 // mad and to_f32 must match bit for bit; dot within 1e-5 of sum |value|*|y| (float summation
-// order). Prints the ISA and "N passed, N failed"; exits 1 on any failure.
+// order). The same for the window's f16 rows (f16_to_f32 bit for bit, f16_dot within 1e-5), on
+// random finite half-precision bit patterns (subnormals included) of lengths that leave tails.
+// Prints the ISA and "N passed, N failed"; exits 1 on any failure.
 
 #include "oscar2-rows.h"
 
@@ -37,10 +39,28 @@ static const char * isa(void) {
 
 #define MAXN 1024
 
+static int passed = 0, failed = 0;
+
+// a vector dot product against the reference: within 1e-5 of sum |value_j * y_j|
+static int dot_close(const float * vals, const float * y, int n, float d_ref, float d_vec) {
+    double mag = 1e-30;
+    for (int j = 0; j < n; ++j) {
+        mag += fabs((double) vals[j]*y[j]);
+    }
+    return fabs((double) d_ref - d_vec)/mag < 1e-5;
+}
+
+static void tally(int ok, const char * what, int n, int trial, float d_ref, float d_vec) {
+    if (ok) {
+        ++passed;
+    } else if (++failed <= 5) {
+        fprintf(stderr, "mismatch: %s n=%d trial=%d dot %.9g vs %.9g\n", what, n, trial, d_ref, d_vec);
+    }
+}
+
 int main(void) {
     static float x[MAXN], y[MAXN], vals[MAXN], a_ref[MAXN], a_vec[MAXN], t_ref[MAXN], t_vec[MAXN];
     static uint8_t blocks[MAXN/64*20 + 64];
-    int passed = 0, failed = 0;
     const int groups[2] = { QK_OSCAR2_64, QK_OSCAR2 };
     const float scales[4] = { 1e-3f, 1.0f, 37.0f, 3e3f };
     for (int gi = 0; gi < 2; ++gi) {
@@ -65,23 +85,26 @@ int main(void) {
             ok = ok && memcmp(a_ref, a_vec, n*sizeof(float)) == 0;
 
             oscar2_dequantize_row_g(blocks, vals, n, G);
-            double mag = 1e-30;
-            for (int j = 0; j < n; ++j) {
-                mag += fabs((double) vals[j]*y[j]);
-            }
             const float d_ref = oscar2_rows_dot_scalar(blocks, y, n, G);
             const float d_vec = oscar2_rows_dot(blocks, y, n, G);
-            ok = ok && fabs((double) d_ref - d_vec)/mag < 1e-5;
-
-            if (ok) {
-                ++passed;
-            } else {
-                ++failed;
-                if (failed <= 5) {
-                    fprintf(stderr, "mismatch: G=%d n=%d trial=%d dot %.9g vs %.9g\n", G, n, trial, d_ref, d_vec);
-                }
-            }
+            tally(ok && dot_close(vals, y, n, d_ref, d_vec), G == QK_OSCAR2 ? "G=128" : "G=64", n, trial, d_ref, d_vec);
         }
+    }
+    static uint16_t h[MAXN];
+    for (int trial = 0; trial < 200; ++trial) {
+        const int n = 1 + (int) (uniform()*MAXN);
+        for (int j = 0; j < n; ++j) {
+            const uint16_t sign = uniform() < 0.5f ? 0x8000 : 0;
+            const uint16_t expo = (uint16_t) (uniform()*31) << 10;     // 0..30: finite
+            h[j] = sign | expo | (uint16_t) (uniform()*1024);
+            y[j] = gauss();
+        }
+        oscar2_rows_f16_to_f32_scalar(h, t_ref, n);
+        oscar2_rows_f16_to_f32(h, t_vec, n);
+        const int ok = memcmp(t_ref, t_vec, n*sizeof(float)) == 0;
+        const float d_ref = oscar2_rows_f16_dot_scalar(h, y, n);
+        const float d_vec = oscar2_rows_f16_dot(h, y, n);
+        tally(ok && dot_close(t_ref, y, n, d_ref, d_vec), "f16", n, trial, d_ref, d_vec);
     }
     printf("isa: %s\n", isa());
     printf("%d passed, %d failed\n", passed, failed);
