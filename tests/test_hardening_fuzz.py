@@ -26,6 +26,7 @@ import pytest
 
 from oscar_gguf import fuzz as F
 from oscar_gguf.convert import convert, inspect_report
+from oscar_gguf.fuzz.inputs import F32
 from oscar_gguf.format.gguf_read import GGUFError as ConvertError
 
 FUZZ_SECONDS = float(os.environ.get("OSCAR_FUZZ_SECONDS", "60"))
@@ -121,6 +122,26 @@ def test_loader_oracle_on_fixed_cases():
     assert verdict({"op": "rot_dtype", "which": "k", "layer": 1, "ttype": 1}) == "refuse"
     assert verdict({"op": "meta_set", "key": F.K.KEY_SINK, "value": {"t": F.I32, "v": -1}}) == "refuse"
     assert verdict({"op": "truncate", "region": "data", "frac": 0.5}) == "refuse"
+    plan = F.K.KEY_F16_K_LAYERS
+    assert verdict({"op": "meta_set", "key": plan, "value": {"t": F.ARRAY, "et": F.U32, "vals": [1, 0, 1]}}) == "accept"
+    assert verdict({"op": "meta_set", "key": plan, "value": {"t": F.ARRAY, "et": F.U32, "vals": []}}) == "accept"
+    assert verdict({"op": "meta_set", "key": plan, "value": {"t": F.ARRAY, "et": F.U32, "vals": [0, 2]}}) == "refuse"
+    assert verdict({"op": "meta_set", "key": plan, "value": {"t": F.U32, "v": 0}}) == "refuse"
+    assert verdict({"op": "meta_set", "key": plan, "value": {"t": F.ARRAY, "et": F.I32, "n": 2}}) == "refuse"
+
+
+def test_precision_plan_key_through_every_consumer(tmp_path):
+    """oscar.f16_k_layers as the fuzzer damages it: the loader accepts layer indices below the
+    layer count and refuses the rest, and oscar inspect / oscar-convert neither crash nor leave
+    partial output, as the fuzzer's oracle says."""
+    plan = F.K.KEY_F16_K_LAYERS
+    for i, (value, loader) in enumerate( [({"t": F.ARRAY, "et": F.U32, "vals": [1]}, "ok"),
+                          ({"t": F.ARRAY, "et": F.U32, "vals": [0, (1 << 32) - 1]}, "refused"),
+                          ({"t": F.ARRAY, "et": F32, "n": 1, "fill": 0.5, "vary": False}, "refused"),
+                          ({"t": F.STRING, "v": {"s": "0"}}, "refused")]):
+        fz = F.Fuzzer(0, workdir=tmp_path / f"w{i}")  # outcomes count per fuzzer
+        rep = fz.replay({"target": "gguf", "mutations": [{"op": "meta_set", "key": plan, "value": value}]})
+        assert rep.outcomes["loader"].get(loader) == 1 and not rep.failures, (value, rep.summary())
 
 
 # ---- fixed bugs the fuzzer found (regressions) -----------------------------------------------------

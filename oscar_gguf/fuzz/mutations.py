@@ -23,6 +23,8 @@ from .inputs import (_TYPE_SIZE, ALIGN, ARRAY, F32, GGML_F16, GGML_F32, GGML_F64
 
 def _typed(value_spec: dict, n_layer: int) -> tuple[int, Any, int | None]:
     t = value_spec["t"]
+    if t == ARRAY and "vals" in value_spec:  # given elements (the precision plan's layer indices)
+        return ARRAY, list(value_spec["vals"]), value_spec["et"]
     if t == ARRAY:
         et, n = value_spec["et"], value_spec["n"]
         if et == F32:

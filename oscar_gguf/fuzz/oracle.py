@@ -105,6 +105,9 @@ def expect_loader(doc: GGUFDoc, facts: dict) -> tuple[str, str]:
             v = np.asarray(kv.value, dtype=np.float32)
             if not (np.all(np.isfinite(v)) and np.all(v > 0) and np.all(v <= 1)):
                 refuse.append(key)
+        plan = doc.find(K.KEY_F16_K_LAYERS)
+        if plan is not None and (plan.vtype != ARRAY or plan.etype != U32 or any(v >= TINY.n_layer for v in plan.value)):
+            refuse.append(K.KEY_F16_K_LAYERS)
     if refuse:
         return "refuse", "; ".join(sorted(set(refuse)))
     if uncertain:

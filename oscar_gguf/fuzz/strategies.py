@@ -7,12 +7,14 @@ llama.cpp must do with the result (oracle.py reads them).
 from __future__ import annotations
 
 from ..format import gguf_keys as K
-from .inputs import ARRAY, BOOL, F32, F64, I32, STRING, U8, U32, U64
+from .inputs import ARRAY, BOOL, F32, F64, I32, STRING, TINY, U8, U32, U64
 
 NAN, INF = float("nan"), float("inf")
 OSCAR_U32_KEYS = [K.KEY_FORMAT_VERSION, K.KEY_SINK, K.KEY_RECENT]
 OSCAR_CLIP_KEYS = [K.KEY_CLIP_K, K.KEY_CLIP_V]
 OSCAR_FREE_KEYS = [K.KEY_GROUP_SIZE, K.KEY_ROPE_LAYOUT, K.KEY_CALIB_PREFIX + "method"]
+# the precision plan: layer indices, valid below the tiny model's layer count
+PLAN_LAYERS = [0, 1, TINY.n_layer - 1, TINY.n_layer, TINY.n_layer + 1, 1 << 31, (1 << 32) - 1]
 # model keys we delete, and whether llama.cpp must then refuse the tiny model
 MODEL_KEY_DELETIONS = {"general.architecture": "refuse", "llama.block_count": "refuse",
                        "llama.embedding_length": "refuse", "llama.attention.head_count": "refuse",
@@ -61,14 +63,20 @@ def _gguf_cases(st):
             st.just({"t": 13, "v": 0}))  # an invalid type id
         return st.one_of(arrays, arrays, other) if for_clip else st.one_of(other, other, arrays)
 
+    plan_value = st.one_of(
+        st.lists(st.sampled_from(PLAN_LAYERS), max_size=4).map(lambda v: {"t": ARRAY, "et": U32, "vals": v}),
+        st.lists(st.sampled_from(PLAN_LAYERS[:3]), max_size=4).map(lambda v: {"t": ARRAY, "et": U32, "vals": v}),
+        typed_value(False))
     meta_set = st.one_of(
         st.tuples(st.sampled_from(OSCAR_U32_KEYS), typed_value(False)),
         st.tuples(st.sampled_from(OSCAR_CLIP_KEYS), typed_value(True)),
         st.tuples(st.sampled_from(OSCAR_FREE_KEYS), typed_value(False)),
+        st.tuples(st.just(K.KEY_F16_K_LAYERS), plan_value),
     ).map(lambda x: {"op": "meta_set", "key": x[0], "value": x[1]})
-    meta_del = st.sampled_from(OSCAR_U32_KEYS + OSCAR_CLIP_KEYS + OSCAR_FREE_KEYS).map(
+    meta_del = st.sampled_from(OSCAR_U32_KEYS + OSCAR_CLIP_KEYS + OSCAR_FREE_KEYS + [K.KEY_F16_K_LAYERS]).map(
         lambda k: {"op": "meta_del", "key": k})
-    meta_dup = st.sampled_from(OSCAR_U32_KEYS + OSCAR_CLIP_KEYS).map(lambda k: {"op": "meta_dup", "key": k})
+    meta_dup = st.sampled_from(OSCAR_U32_KEYS + OSCAR_CLIP_KEYS + [K.KEY_F16_K_LAYERS]).map(
+        lambda k: {"op": "meta_dup", "key": k})
     model_del = st.sampled_from(sorted(MODEL_KEY_DELETIONS)).map(lambda k: {"op": "model_del", "key": k})
     block_count = st.sampled_from([0, 1, 3, 512, 513, 100000, (1 << 32) - 1]).map(
         lambda v: {"op": "block_count", "value": v})
@@ -92,7 +100,7 @@ def _gguf_cases(st):
         lambda x: {"op": "offset", "index": x[0], "how": x[1]})
     ndims = st.tuples(which, layer, st.sampled_from([0, 5, 1 << 31])).map(
         lambda x: {"op": "ndims", "which": x[0], "layer": x[1], "n": x[2]})
-    lie = st.tuples(st.sampled_from(OSCAR_CLIP_KEYS + ["tokenizer.ggml.tokens"]),
+    lie = st.tuples(st.sampled_from(OSCAR_CLIP_KEYS + [K.KEY_F16_K_LAYERS, "tokenizer.ggml.tokens"]),
                     st.sampled_from([1, 1 << 20, 1 << 40])).map(lambda x: {"op": "array_lie", "key": x[0], "extra": x[1]})
     counts = st.tuples(st.sampled_from(["n_tensors", "n_kv"]), st.sampled_from([1, 1 << 40, (1 << 64) - 1])).map(
         lambda x: {"op": "counts", "field": x[0], "delta": x[1]})
