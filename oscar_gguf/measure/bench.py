@@ -173,7 +173,9 @@ def run_bench(model: str | Path, kv_types: Sequence[str] = DEFAULT_TYPES,
     try:
         for rnd in range(rounds):
             for t in (kv_types if rnd % 2 == 0 else list(reversed(kv_types))):
-                if t in res.notes:
+                if t in res.notes:  # failed in an earlier round: not run again
+                    if bar:
+                        bar.update(per_type)
                     continue
                 args = [*common, "-ctk", t, "-ctv", t, *(oscar_args if t.startswith("oscar2") else ())]
                 log_name = f"bench-{t}.log" if rounds == 1 else f"bench-{t}-round{rnd + 1}.log"
