@@ -27,7 +27,7 @@
 #                                 (perf), with gpu/trace/decode-timeline.patch built in (TL_RUNS, TL_EVERY)
 #   bash gpu/run.sh ab REF        the working tree's kernels against REF/ggml-oscar (a carried directory), or
 #                                 against themselves with the patch REF (gpu/ab/*.patch), end to end, alternating
-#                                 in one call (AB_RUNS, AB_ROUNDS, AB_REPS)
+#                                 in one call (AB_RUNS, AB_ROUNDS, AB_REPS; AB_TOOL=batched: llama-batched-bench)
 #   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
 #                                 the FLASH_ATTN_EXT cases and the perf cases
 #
@@ -490,10 +490,12 @@ quick() {
 # ab REF: the working tree's kernels against those of REF/ggml-oscar (e.g. a commit's
 # ggml-oscar from `git archive`, carried), or against the working tree's with the patch REF
 # applied (gpu/ab/*.patch: a design choice turned off), end to end on one machine in one call,
-# because runs on different machines or hours differ by 3-5%. Builds llama-bench, keeps its
+# because runs on different machines or hours differ by 3-5%. Builds the tool, keeps its
 # libggml-cuda, rebuilds that library from the reference sources, then runs AB_RUNS (";"-separated
-# llama-bench arguments, oscar2 KV) AB_ROUNDS times, alternating which build goes first, by
+# arguments of the tool, oscar2 KV) AB_ROUNDS times, alternating which build goes first, by
 # swapping the library in place. The tree is left with the working tree's sources.
+# AB_TOOL=batched: llama-batched-bench instead of llama-bench, AB_RUNS e.g. "-kvu -npp 4096
+# -ntg 32 -npl 4,16,32" (a context of AB_CTX cells, default 32 x 4160); S_TG per row.
 ab() {
     local ref=${1:?ab: the carried directory holding the reference ggml-oscar, or a patch}
     local M lib
@@ -504,14 +506,16 @@ ab() {
         (cd $ref && apply_patch "$patch") || { log "ab: $patch does not apply"; return 1; }
     fi
     [ -d "$ref/ggml-oscar" ] || { log "ab: no $ref/ggml-oscar"; return 1; }
-    TARGETS=llama-bench build || return 1
+    local tool=llama-bench
+    [ "${AB_TOOL:-}" = batched ] && tool=llama-batched-bench
+    TARGETS=$tool build || return 1
     pyenv
     M=$(synth_model) || return 1
     lib=$(cd "$B/bin" && ls libggml-cuda.so.*.* | head -1)
     mkdir -p /tmp/ab && cp "$B/bin/$lib" /tmp/ab/new.so
     sync_oscar "$ref/ggml-oscar"
     # (ninja itself: build() would copy the working tree's sources back first)
-    ninja -C "$B" llama-bench > "$OUT/build-ref.log" 2>&1 || { log "ab: the reference build failed"; tail -20 "$OUT/build-ref.log"; return 1; }
+    ninja -C "$B" $tool > "$OUT/build-ref.log" 2>&1 || { log "ab: the reference build failed"; tail -20 "$OUT/build-ref.log"; return 1; }
     cp "$B/bin/$lib" /tmp/ab/ref.so
     sync_oscar ggml-oscar
     local runs r args which order
@@ -521,8 +525,14 @@ ab() {
         for args in "${runs[@]}"; do
             for which in $order; do
                 cp /tmp/ab/$which.so "$B/bin/$lib"
-                "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 $args -r ${AB_REPS:-2} -o csv 2> "$OUT/ab.err" \
-                    | log_bench "ab round $r $which"
+                if [ $tool = llama-batched-bench ]; then
+                    "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on -c ${AB_CTX:-133120} -ctk oscar2 -ctv oscar2 $args 2> "$OUT/ab.err" \
+                        | awk -v tag="ab round $r $which ($args)" -F'|' 'NF == 12 && $2 ~ /[0-9]/ {
+                              printf "%s B=%d S_TG %.1f\n", tag, $4, $9 }' | while read -r line; do log "$line"; done
+                else
+                    "$B/bin/llama-bench" -m $M -ngl 99 -fa 1 -ctk oscar2 -ctv oscar2 $args -r ${AB_REPS:-2} -o csv 2> "$OUT/ab.err" \
+                        | log_bench "ab round $r $which"
+                fi
             done
         done
     done

@@ -98,6 +98,18 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
     if (nqb > 8 && gqa <= 8 && mma_arch && uses_int2_mma(K->type, V->type, D, 8, wt)) {
         nqb = 8;
     }
+    // ... and, with the tokens of several sequences (in one stream), a block holds the tokens of
+    // one sequence where that still leaves it 4 queries or more: each cache chunk is then read by
+    // the one group whose queries all see it, not by a group of two sequences whose queries of the
+    // other sequence are masked there (a block of 4 queries also takes twice the rows per product,
+    // attn-mma.cu's packed layout)
+    const int seq_tokens = ggml_flash_attn_ext_get_seq_tokens(dst);
+    if (Q->ne[1] > 1 && seq_tokens > 0 && mask && mma_arch) {
+        const int nqb_seq = nq_bucket(gqa*seq_tokens, D);
+        if (nqb_seq >= 4 && nqb_seq < nqb && uses_int2_mma(K->type, V->type, D, nqb_seq, wt)) {
+            nqb = nqb_seq;
+        }
+    }
     const int tokens_per_block = std::max(1, nqb/gqa);
     const int n_groups = (int) ((Q->ne[1] + tokens_per_block - 1)/tokens_per_block);
 
