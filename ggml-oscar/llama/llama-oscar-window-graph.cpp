@@ -152,9 +152,15 @@ void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w
 // are filled in here: a cache column whose position is read from the window is dropped, and the
 // window column of its slot takes its value. Only cells that own a window slot can change
 // (slot_cell and cell_slot change only as pairs, in alloc_slot/free_slot), so they are listed
-// once per stream and each row gets a few hundred patches (per element work made a 512-token
+// once per run of a sequence's tokens and each row gets a few hundred patches (per element work made a 512-token
 // prefill at 32k cells ~50 ms slower). Why the stride: rows of n_kv built apart and then moved to
 // their place would take a second pass over the whole mask (36 MB at 16k cells and 512 tokens).
+// Why per sequence: llama.cpp's row of a token already holds -inf at every cell without the
+// token's sequence (its seq_id[0], as here), where a patch would change nothing; in a unified
+// cache each row would otherwise walk the slots of every sequence (16 sequences: 16 times the
+// slots a token can see, on the host, before every step). A run of a sequence's tokens takes the
+// cells it may read from the window out of the sequence's cells by position (its sink, and the
+// positions from R before its first token on), each with its slot (cell_slot).
 template <typename T>
 static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
         int64_t n_kv, ggml_tensor * dst) {
@@ -166,34 +172,51 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
     const T drop = llama_cast<T>(-INFINITY);
 
     struct owner { int64_t k; int64_t c; llama_pos pos; }; // window slot k, its cell c
-    std::vector<std::vector<owner>> per_stream(v_cells.size());
-    std::vector<bool> built(v_cells.size(), false);
-    auto owners_of = [&](uint32_t strm) -> const std::vector<owner> & {
-        if (!built[strm]) {
-            const auto & cells = v_cells[strm];
-            const auto & st    = w.streams[strm];
-            const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots); // padding rows are never visible
-            for (int64_t k = 0; k < n_k; ++k) {
-                const int32_t c = st.slot_cell[k];
-                if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
-                    per_stream[strm].push_back({ k, c, cells.pos_get(c) });
+    std::vector<owner> list;
+    const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots); // padding rows are never visible
+    const int64_t n_tokens = ubatch->n_tokens;
+    for (int64_t i0 = 0; i0 < n_tokens; ) {
+        // a run of tokens of one sequence, and the least of their positions
+        const llama_seq_id seq = ubatch->seq_id[i0][0];
+        llama_pos q_min = ubatch->pos[i0];
+        int64_t i1 = i0 + 1;
+        for (; i1 < n_tokens && ubatch->seq_id[i1][0] == seq; ++i1) {
+            q_min = std::min(q_min, ubatch->pos[i1]);
+        }
+        // the cells of the sequence that own a slot and that some token of the run may read from
+        // it: positions in the sink, and past q_min - R (llama_oscar_window_reads)
+        const uint32_t strm  = seq_to_stream[seq];
+        const auto &   cells = v_cells[strm];
+        const auto &   st    = w.streams[strm];
+        const auto &   by_pos = cells.seq_pos_get(seq);
+        list.clear();
+        auto take = [&](auto it, auto end) {
+            for (; it != end; ++it) {
+                const int64_t c = it->second;
+                const int32_t k = c < n_kv ? st.cell_slot[c] : -1;
+                if (k >= 0 && k < n_k) {
+                    list.push_back({ k, c, it->first });
                 }
             }
-            built[strm] = true;
+        };
+        const llama_pos sink = (llama_pos) w.sink;
+        take(by_pos.begin(), by_pos.lower_bound({ sink, 0 }));
+        if (w.recent > 0) {
+            const llama_pos from = (llama_pos) std::max<int64_t>(sink, (int64_t) q_min - (int64_t) w.recent + 1);
+            take(by_pos.lower_bound({ from, 0 }), by_pos.end());
         }
-        return per_stream[strm];
-    };
-
-    for (int64_t i = 0; i < (int64_t) ubatch->n_tokens; ++i) {
-        const llama_pos q = ubatch->pos[i];
-        T * row = data + i*W;
-        std::fill(row + n_kv, row + W, drop);
-        for (const owner & e : owners_of(seq_to_stream[ubatch->seq_id[i][0]])) {
-            if (llama_oscar_window_reads(w, e.pos, q)) {
-                row[n_kv + e.k] = row[e.c];
-                row[e.c] = drop;
+        for (int64_t i = i0; i < i1; ++i) {
+            const llama_pos q = ubatch->pos[i];
+            T * row = data + i*W;
+            std::fill(row + n_kv, row + W, drop);
+            for (const owner & e : list) {
+                if (llama_oscar_window_reads(w, e.pos, q)) {
+                    row[n_kv + e.k] = row[e.c];
+                    row[e.c] = drop;
+                }
             }
         }
+        i0 = i1;
     }
 }
 
