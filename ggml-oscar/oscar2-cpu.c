@@ -11,6 +11,8 @@
 //   oscar2_cpu_write_row   quantization for set_rows / cpy into the cache, with the clip
 //                          ratio the node carries (ggml_oscar2_get_clip, oscar2-ops.h).
 //   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the row-by-row flash attention.
+//   oscar2_cpu_fa_parts / _fold / _finish  the row-by-row flash attention's parts of a query's
+//                          visible rows, and their fold (oscar2-cpu.h says why).
 //
 // Each fast path sits beside its plain reference, and vector code is only compiled where the
 // compiler targets that ISA.
@@ -88,6 +90,64 @@ void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) 
         return;
     }
     ggml_get_type_traits((enum ggml_type) type)->to_float(v_row, out, dv);
+}
+
+// ---- parts of a query's rows in the row-by-row flash attention --------------------------
+//
+// One contiguous share of the rows per thread (upstream's split of a decode) leaves the window's
+// live slots, which hold every visible token of a short context, to one thread; and a query
+// decoded beside others (whole rows per thread) would be summed in another order than alone.
+
+#define OSCAR2_FP16_NEG_INF 0xFC00u
+
+int oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_threads, int64_t * bounds) {
+    int64_t n_seen = n_kv;
+    if (mask_row) {
+        n_seen = 0;
+        for (int64_t i = 0; i < n_kv; ++i) {
+            n_seen += mask_row[i] != OSCAR2_FP16_NEG_INF;
+        }
+    }
+    int64_t n = n_seen / OSCAR2_FA_PART_ROWS;
+    n = n < n_threads ? n : n_threads;
+    n = n < OSCAR2_FA_MAX_PARTS ? n : OSCAR2_FA_MAX_PARTS;
+    n = n > 1 ? n : 1;
+    bounds[0] = 0;
+    bounds[n] = n_kv;
+    // part p starts at the seen row of rank floor(p*n_seen/n)
+    int64_t p = 1, rank = 0, next = n_seen/n;
+    for (int64_t i = 0; i < n_kv && p < n; ++i) {
+        if (mask_row && mask_row[i] == OSCAR2_FP16_NEG_INF) {
+            continue;
+        }
+        if (rank == next) {
+            bounds[p++] = i;
+            next = n_seen*p/n;
+        }
+        ++rank;
+    }
+    return (int) n;
+}
+
+void oscar2_cpu_fa_fold(float * acc, const float * part, int64_t dv) {
+    if (part[1] == 0.0f) {
+        return; // nothing seen
+    }
+    const float m  = fmaxf(acc[0], part[0]);
+    const float so = expf(acc[0] - m);
+    const float sn = expf(part[0] - m);
+    for (int64_t d = 0; d < dv; ++d) {
+        acc[2 + d] = acc[2 + d]*so + part[2 + d]*sn;
+    }
+    acc[1] = acc[1]*so + part[1]*sn;
+    acc[0] = m;
+}
+
+void oscar2_cpu_fa_finish(const float * acc, float * out, int64_t dv) {
+    const float s_inv = acc[1] == 0.0f ? 0.0f : 1.0f/acc[1];
+    for (int64_t d = 0; d < dv; ++d) {
+        out[d] = acc[2 + d]*s_inv;
+    }
 }
 
 // ---- tiles of the tiled flash attention (prefill) ----------------------------------------

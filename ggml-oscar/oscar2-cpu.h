@@ -18,6 +18,23 @@ void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size
 // P.V of one oscar2 row in the row-by-row flash attention: acc = fma(value, w, acc), from the codes
 void oscar2_cpu_v_mad(const void * v_row, int type, float * acc, float w, int64_t dv);
 
+// the row-by-row flash attention over oscar2 K/V or a window cuts each query's rows (the cache's,
+// then the window's) into parts that hold equal counts of the rows its mask lets through, at least
+// OSCAR2_FA_PART_ROWS each and at most one per thread; a part is an online softmax of its own
+// (a partial: M, S, VKQ[dv]) and the partials are folded in order. The parts depend only on the
+// mask row and the thread count, so a query's sums are the same to the bit whether its parts run
+// on several threads (a step of one token) or on one (a step of several), and wherever its
+// sequence's cells sit in the cache.
+#define OSCAR2_FA_PART_ROWS 512
+#define OSCAR2_FA_MAX_PARTS 64
+// the parts of a query over n_kv rows: returns their count n, bounds[0..n] (bounds[0] = 0,
+// bounds[n] = n_kv); mask_row NULL: every row is seen
+int  oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_threads, int64_t * bounds);
+// acc = acc then part (partials [M, S, VKQ[dv]]; acc starts at M -inf, S 0, VKQ 0)
+void oscar2_cpu_fa_fold(float * acc, const float * part, int64_t dv);
+// out = VKQ / S of a folded partial (0 where nothing was seen)
+void oscar2_cpu_fa_finish(const float * acc, float * out, int64_t dv);
+
 // the tiled flash attention (prefill) over oscar2 K and/or V (the other f16/f32), window included:
 // whether it applies, and a tile of n_rows rows from row ic (the window's after the nek1 cache rows)
 // as f32, K transposed (k_t[i*tile + r], tile = the tile's row stride) and V row-major

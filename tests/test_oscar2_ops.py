@@ -65,7 +65,9 @@ CASES = [
     ("f16", "oscar2_64", 64, 150, 3, 6, 2, 1.0, 0.92),
     ("oscar2_64", "oscar2_64", 64, 300, 70, 9, 3, 0.96, 0.92),  # >= 64 queries: the CPU's tiled path
     ("oscar2", "f16", 128, 200, 64, 4, 1, 0.96, 1.0),
-    ("oscar2_64", "oscar2_64", 64, 600, 1, 9, 3, 0.96, 0.92),    # decode at >= 512 rows: the CPU's split-KV path
+    ("oscar2_64", "oscar2_64", 64, 600, 1, 9, 3, 0.96, 0.92),    # decode, one part a query (< 2*512 rows seen)
+    ("oscar2_64", "oscar2_64", 64, 1500, 1, 9, 3, 0.96, 0.92),   # decode in 2 parts a query, over the 2 threads
+    ("oscar2", "oscar2", 128, 1100, 3, 8, 2, 0.96, 0.92),        # 3 queries of 2 parts each, each on one thread
 ]
 
 
@@ -128,8 +130,9 @@ WINDOW_CASES = [
     ("oscar2", "f16", 128, 150, 2, 4, 2, 16),
     ("oscar2_64", "oscar2_64", 64, 200, 66, 9, 3, 40),       # the CPU's tiled path, window rows in its tiles
     ("oscar2", "oscar2", 128, 130, 64, 8, 2, 70),
-    ("oscar2_64", "oscar2_64", 64, 520, 1, 9, 3, 40),        # the CPU's split-KV path, window rows in a split
-    ("oscar2", "oscar2", 128, 300, 1, 8, 2, 300),            # a split of window rows only (2+ threads)
+    ("oscar2_64", "oscar2_64", 64, 1200, 1, 9, 3, 40),       # decode in 2 parts, the second ending in the window
+    ("oscar2", "oscar2", 128, 1100, 1, 8, 2, 1000),          # 2 parts, the cut among the window rows
+    ("oscar2", "oscar2", 128, 1100, 2, 8, 2, 1000),          # the same, 2 queries
 ]
 
 
@@ -177,3 +180,35 @@ def test_flash_attention_store_split(ops_exe, tmp_path, backend, kt, vt, D, n_kv
     # and the split matters: reading the INT2 values everywhere gives a clearly different answer
     wrong = attention64(q, k_ref, v_ref, cache_mask, H_kv)
     assert np.abs(wrong - ref).max() / np.abs(ref).max() > 10 * err
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("kt,vt,D,n_kv,H,H_kv,n_hp", [
+    ("oscar2_64", "oscar2_64", 64, 1700, 9, 3, 0),
+    ("oscar2", "oscar2", 128, 1300, 8, 2, 300),
+])
+def test_a_query_alone_sums_as_beside_others(ops_exe, tmp_path, n_threads, kt, vt, D, n_kv, H, H_kv, n_hp):
+    """On the CPU a step of one query token spreads its parts over the threads, a step of several
+    gives each thread whole queries (ggml-oscar/oscar2-cpu.h): the same query with the same mask
+    row gets the same output to the bit either way (what lets a server's parallel requests give
+    the text they give one by one)."""
+    rng = np.random.default_rng(n_kv + n_threads)
+    n_q = 4
+    q = rng.standard_normal((H, n_q, D)).astype(np.float32)
+    k = rng.standard_normal((n_kv, H_kv, D)).astype(np.float32)
+    v = rng.standard_normal((n_kv, H_kv, D)).astype(np.float32)
+    mask = np.zeros((n_q, n_kv + n_hp), np.float32)
+    mask[:, :n_hp] = -np.inf                                  # those cells are read from the window
+    mask[:, rng.integers(0, n_kv, 40)] = -np.inf
+    for i in range(n_q):
+        mask[i, n_kv - n_q + i + 1:n_kv] = -np.inf
+    outs = []
+    for n in (n_q, 1):
+        d = tmp_path / str(n)
+        d.mkdir()
+        q[:, :n].tofile(d / "q.f32"); k.tofile(d / "k.f32"); v.tofile(d / "v.f32")
+        k[:n_hp].tofile(d / "khp.f32"); v[:n_hp].tofile(d / "vhp.f32")
+        mask[:n].astype(np.float16).tofile(d / "mask.f16")
+        run_ops(ops_exe, "CPU", [kt, vt, D, D, n_kv, n, H, H_kv, 0.96, 0.92, n_threads, d] + ([n_hp] if n_hp else []))
+        outs.append(np.fromfile(d / "out.f32", np.float32).reshape(n, H, D))
+    assert np.array_equal(outs[0][0], outs[1][0])
