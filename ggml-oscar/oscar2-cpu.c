@@ -11,8 +11,9 @@
 //   oscar2_cpu_write_row   quantization for set_rows / cpy into the cache, with the clip
 //                          ratio the node carries (ggml_oscar2_get_clip, oscar2-ops.h).
 //   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the row-by-row flash attention.
-//   oscar2_cpu_fa_parts / _fold / _finish  the row-by-row flash attention's parts of a query's
-//                          visible rows, and their fold (oscar2-cpu.h says why).
+//   oscar2_cpu_fa_parts / _part / _fold / _finish  the row-by-row flash attention over oscar2
+//                          K/V or a window: the parts of a query's visible rows, the online
+//                          softmax of one part, and the fold of the parts (oscar2-cpu.h says why).
 //
 // Each fast path sits beside its plain reference, and vector code is only compiled where the
 // compiler targets that ISA.
@@ -23,6 +24,8 @@
 #include "oscar2-rows.h"
 
 #include "ggml.h"
+#include "ggml-cpu.h"        // ggml_get_type_traits_cpu
+#include "../ggml-cpu/vec.h" // ggml_vec_soft_max_f32, ggml_vec_mad_f32, ggml_vec_scale_f32
 
 #include <math.h>
 #include <string.h>
@@ -92,6 +95,31 @@ void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) 
     ggml_get_type_traits((enum ggml_type) type)->to_float(v_row, out, dv);
 }
 
+// ---- rows of K or V as f32 (both flash attentions) ----------------------------------------
+
+// row ic of K or V as f32: cache rows first (nek1 = t->ne[1] of them), then the window's.
+// The tiled path multiplies every row of a tile and masks afterwards, where the row-by-row path
+// skips masked rows unread; a window row not written yet may hold NaN, so its non-finite values
+// become 0 (an oscar2 row is finite by construction).
+static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * t_hp, int64_t ic, int64_t i2, int64_t i3, float * out) {
+    if (ic >= t->ne[1]) {
+        const char * row = (const char *) t_hp->data + (ic - t->ne[1])*t_hp->nb[1] + i2*t_hp->nb[2] + i3*t_hp->nb[3];
+        oscar2_cpu_window_v(row, t_hp->type, out, t->ne[0]);
+        for (int64_t i = 0; i < t->ne[0]; ++i) {
+            out[i] = isfinite(out[i]) ? out[i] : 0.0f;
+        }
+        return;
+    }
+    const char * row = (const char *) t->data + ic*t->nb[1] + i2*t->nb[2] + i3*t->nb[3];
+    if (oscar2_is_type(t->type)) {
+        oscar2_rows_to_f32(row, out, t->ne[0], oscar2_group_size(t->type));
+    } else if (t->type == GGML_TYPE_F32) {
+        memcpy(out, row, t->ne[0]*sizeof(float));
+    } else {
+        oscar2_cpu_window_v(row, t->type, out, t->ne[0]); // f16 (F16C where built with it)
+    }
+}
+
 // ---- parts of a query's rows in the row-by-row flash attention --------------------------
 //
 // One contiguous share of the rows per thread (upstream's split of a decode) leaves the window's
@@ -129,6 +157,124 @@ int oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_thread
     return (int) n;
 }
 
+// A part goes through its seen rows in blocks: the block's scores, then one vector exp over
+// them (ggml_vec_soft_max_f32), then its P.V with each head's accumulator held in registers
+// across the block's rows (oscar2_rows_acc). Upstream's loop takes a scalar expf for every row (two
+// on a new maximum), which cost more than an oscar2 row's K.q, and stores and reloads the
+// accumulator for every row, a chain of dependent loads. The heads that share a K/V head (GQA)
+// go together: each row is widened to f32 once (oscar2_rows_to_f32, exact) and used by each
+// head. A head's sums do not depend on the heads beside it, so any grouping gives the same bits.
+#define OSCAR2_FA_BLOCK      64    // rows a block at most
+#define OSCAR2_FA_TILE_FLOATS 16384 // the block's V rows as f32 (64 KiB)
+
+void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int64_t ic0, int64_t ic1,
+                        float * partial, int64_t pstride) {
+    const struct ggml_tensor * q     = dst->src[0];
+    const struct ggml_tensor * k     = dst->src[1];
+    const struct ggml_tensor * v     = dst->src[2];
+    const struct ggml_tensor * mask  = dst->src[3];
+    const struct ggml_tensor * sinks = dst->src[4];
+    const struct ggml_tensor * k_hp  = ggml_flash_attn_ext_get_window_k(dst);
+    const struct ggml_tensor * v_hp  = ggml_flash_attn_ext_get_window_v(dst);
+    const int64_t dk = k->ne[0], dv = v->ne[0];
+    GGML_ASSERT(dk <= 1024 && dv <= 1024 && nh >= 1 && nh <= OSCAR2_FA_MAX_GROUP);
+
+    float scale, max_bias, softcap;
+    memcpy(&scale,    (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap,  (const float *) dst->op_params + 2, sizeof(float));
+    if (softcap != 0.0f) {
+        scale /= softcap;
+    }
+    const uint32_t n_head      = (uint32_t) q->ne[2];
+    const uint32_t n_head_log2 = 1u << (uint32_t) floor(log2(n_head));
+    const float    m0          = powf(2.0f, -max_bias/n_head_log2);
+    const float    m1          = powf(2.0f, -max_bias/2.0f/n_head_log2);
+
+    // query row ir: token iq1 of head iq2 of stream iq3; the group's heads follow (rows ir + h*ne1)
+    const int64_t iq3 = ir/(q->ne[2]*q->ne[1]);
+    const int64_t iq2 = (ir - iq3*q->ne[2]*q->ne[1])/q->ne[1];
+    const int64_t iq1 = ir - iq3*q->ne[2]*q->ne[1] - iq2*q->ne[1];
+    const int64_t ik2 = iq2/(q->ne[2]/k->ne[2]), ik3 = iq3/(q->ne[3]/k->ne[3]);
+    const int64_t iv2 = iq2/(q->ne[2]/v->ne[2]), iv3 = iq3/(q->ne[3]/v->ne[3]);
+    const ggml_fp16_t * mp = mask ? (const ggml_fp16_t *) ((const char *) mask->data + iq1*mask->nb[1] +
+                                    (iq2%mask->ne[2])*mask->nb[2] + (iq3%mask->ne[3])*mask->nb[3]) : NULL;
+
+    const float * qh[OSCAR2_FA_MAX_GROUP];
+    float slope[OSCAR2_FA_MAX_GROUP], M[OSCAR2_FA_MAX_GROUP], S[OSCAR2_FA_MAX_GROUP];
+    for (int h = 0; h < nh; ++h) {
+        const uint32_t head = (uint32_t) (iq2 + h);
+        qh[h]    = (const float *) ((const char *) q->data + iq1*q->nb[1] + (iq2 + h)*q->nb[2] + iq3*q->nb[3]);
+        slope[h] = max_bias <= 0.0f ? 1.0f : head < n_head_log2 ? powf(m0, head + 1) : powf(m1, 2*(head - n_head_log2) + 1);
+        M[h]     = -INFINITY;
+        S[h]     = 0.0f;
+        memset(partial + h*pstride + 2, 0, dv*sizeof(float));
+    }
+
+    const int nb = (int) (OSCAR2_FA_TILE_FLOATS/dv < OSCAR2_FA_BLOCK ? OSCAR2_FA_TILE_FLOATS/dv : OSCAR2_FA_BLOCK);
+    float   sc[OSCAR2_FA_MAX_GROUP][OSCAR2_FA_BLOCK], row[1024], tile[OSCAR2_FA_TILE_FLOATS];
+    int64_t rows[OSCAR2_FA_BLOCK];
+    for (int64_t ic = ic0; ic < ic1; ) {
+        int n = 0;
+        for (; ic < ic1 && n < nb; ++ic) {
+            const float mv = mp ? GGML_CPU_FP16_TO_FP32(mp[ic]) : 0.0f;
+            if (mv == -INFINITY) {
+                continue;
+            }
+            fa_row_f32(k, k_hp, ic, ik2, ik3, row);
+            for (int h = 0; h < nh; ++h) {
+                float s;
+                ggml_vec_dot_f32((int) dk, &s, 0, row, 0, qh[h], 0, 1);
+                s *= scale;
+                if (softcap != 0.0f) {
+                    s = softcap*tanhf(s);
+                }
+                sc[h][n] = s + slope[h]*mv;
+            }
+            rows[n++] = ic;
+        }
+        if (n == 0) {
+            break;
+        }
+        for (int j = 0; j < n; ++j) {
+            fa_row_f32(v, v_hp, rows[j], iv2, iv3, tile + j*dv);
+        }
+        for (int h = 0; h < nh; ++h) { // the block's weights exp(s - M), M the running maximum
+            float * acc = partial + h*pstride + 2;
+            float   mb  = sc[h][0];
+            for (int j = 1; j < n; ++j) {
+                mb = sc[h][j] > mb ? sc[h][j] : mb;
+            }
+            if (mb > M[h]) {
+                const float ms = expf(M[h] - mb); // 0 at the first block
+                ggml_vec_scale_f32((int) dv, acc, ms);
+                S[h] *= ms;
+                M[h]  = mb;
+            }
+            S[h] += (float) ggml_vec_soft_max_f32(n, sc[h], sc[h], M[h]);
+            oscar2_rows_acc(tile, sc[h], n, acc, dv);
+        }
+    }
+
+    for (int h = 0; h < nh; ++h) {
+        float * acc = partial + h*pstride + 2;
+        // the sink of the head (attention sinks) counts once, in the first part
+        if (sinks && ic0 == 0) {
+            const float s = ((const float *) sinks->data)[iq2 + h];
+            if (s > M[h]) {
+                const float ms = expf(M[h] - s);
+                ggml_vec_scale_f32((int) dv, acc, ms);
+                S[h] = S[h]*ms + 1.0f;
+                M[h] = s;
+            } else {
+                S[h] += expf(s - M[h]);
+            }
+        }
+        partial[h*pstride + 0] = M[h];
+        partial[h*pstride + 1] = S[h];
+    }
+}
+
 void oscar2_cpu_fa_fold(float * acc, const float * part, int64_t dv) {
     if (part[1] == 0.0f) {
         return; // nothing seen
@@ -157,29 +303,6 @@ int oscar2_cpu_fa_tiled(const struct ggml_tensor * k, const struct ggml_tensor *
     const int kf = k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_F32;
     const int vf = v->type == GGML_TYPE_F16 || v->type == GGML_TYPE_F32;
     return (ko || vo) && (ko || kf) && (vo || vf);
-}
-
-// row ic of K or V as f32: cache rows first (nek1 = t->ne[1] of them), then the window's.
-// The tiled path multiplies every row of a tile and masks afterwards, where the row-by-row path
-// skips masked rows unread; a window row not written yet may hold NaN, so its non-finite values
-// become 0 (an oscar2 row is finite by construction).
-static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * t_hp, int64_t ic, int64_t i2, int64_t i3, float * out) {
-    if (ic >= t->ne[1]) {
-        const char * row = (const char *) t_hp->data + (ic - t->ne[1])*t_hp->nb[1] + i2*t_hp->nb[2] + i3*t_hp->nb[3];
-        oscar2_cpu_window_v(row, t_hp->type, out, t->ne[0]);
-        for (int64_t i = 0; i < t->ne[0]; ++i) {
-            out[i] = isfinite(out[i]) ? out[i] : 0.0f;
-        }
-        return;
-    }
-    const char * row = (const char *) t->data + ic*t->nb[1] + i2*t->nb[2] + i3*t->nb[3];
-    if (oscar2_is_type(t->type)) {
-        oscar2_rows_to_f32(row, out, t->ne[0], oscar2_group_size(t->type));
-    } else if (t->type == GGML_TYPE_F32) {
-        memcpy(out, row, t->ne[0]*sizeof(float));
-    } else {
-        oscar2_cpu_window_v(row, t->type, out, t->ne[0]); // f16 (F16C where built with it)
-    }
 }
 
 void oscar2_cpu_fa_pack_k(const struct ggml_tensor * k, const struct ggml_tensor * k_hp, int64_t ic, int n_rows, int tile,

@@ -30,6 +30,14 @@ void oscar2_cpu_v_mad(const void * v_row, int type, float * acc, float w, int64_
 // the parts of a query over n_kv rows: returns their count n, bounds[0..n] (bounds[0] = 0,
 // bounds[n] = n_kv); mask_row NULL: every row is seen
 int  oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_threads, int64_t * bounds);
+// the online softmax of query rows ir, ir + ne1, ... (nh heads of one token that share a K/V
+// head and a mask row, at most OSCAR2_FA_MAX_GROUP) of a FLASH_ATTN_EXT node over its rows
+// [ic0, ic1) (the cache's, then the window's), as partials [M, S, VKQ[dv]] at partial + h*pstride;
+// a head's sink, if any, counts in the part that starts at row 0. A head's partial is the same
+// whatever nh.
+#define OSCAR2_FA_MAX_GROUP 8
+void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int64_t ic0, int64_t ic1,
+                        float * partial, int64_t pstride);
 // acc = acc then part (partials [M, S, VKQ[dv]]; acc starts at M -inf, S 0, VKQ 0)
 void oscar2_cpu_fa_fold(float * acc, const float * part, int64_t dv);
 // out = VKQ / S of a folded partial (0 where nothing was seen)

@@ -1,5 +1,5 @@
 // oscar2-rows-avx2.c: the row loops of oscar2-rows.h with AVX2, FMA and F16C (x86-64).
-// Tested against oscar2-rows-scalar.c: mad and to_f32 bit for bit, dot within float summation
+// Tested against oscar2-rows-scalar.c: mad, to_f32 and acc bit for bit, dot within float summation
 // order (tests/c/oscar2_rows_check.c, tests/test_oscar2_rows.py).
 //
 // A block's G/4 code bytes are read 8 at a time, widened to eight 32-bit lanes; shifting those by
@@ -11,6 +11,7 @@
 
 #if defined(OSCAR2_ROWS_AVX2)
 #include <immintrin.h>
+#include <math.h>
 
 static inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -82,6 +83,32 @@ void oscar2_rows_mad_avx2(const void * x, float w, float * acc, int64_t n, int G
 
 void oscar2_rows_to_f32_avx2(const void * x, float * y, int64_t n, int G) {
     values(x, 0.0f, y, n, G, 0);
+}
+
+// 32 columns of acc at a time held in four registers across the rows; the tail as the reference
+void oscar2_rows_acc_avx2(const float * t, const float * w, int n_rows, float * acc, int64_t n) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + j),      a1 = _mm256_loadu_ps(acc + j + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + j + 16), a3 = _mm256_loadu_ps(acc + j + 24);
+        for (int r = 0; r < n_rows; ++r) {
+            const __m256 wr = _mm256_set1_ps(w[r]);
+            const float * tr = t + r*n + j;
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(tr),      wr, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(tr + 8),  wr, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(tr + 16), wr, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(tr + 24), wr, a3);
+        }
+        _mm256_storeu_ps(acc + j, a0);      _mm256_storeu_ps(acc + j + 8, a1);
+        _mm256_storeu_ps(acc + j + 16, a2); _mm256_storeu_ps(acc + j + 24, a3);
+    }
+    for (; j < n; ++j) {
+        float a = acc[j];
+        for (int r = 0; r < n_rows; ++r) {
+            a = fmaf(t[r*n + j], w[r], a);
+        }
+        acc[j] = a;
+    }
 }
 
 static inline __m256 halves8(const uint16_t * k) {

@@ -1,5 +1,5 @@
 // oscar2-rows-neon.c: the row loops of oscar2-rows.h with Arm NEON (AArch64, float arithmetic).
-// Tested against oscar2-rows-scalar.c: mad and to_f32 bit for bit, dot within float summation
+// Tested against oscar2-rows-scalar.c: mad, to_f32 and acc bit for bit, dot within float summation
 // order, by tests/c/oscar2_rows_check.c cross-compiled for aarch64 and run under qemu-aarch64
 // (tests/test_oscar2_rows.py).
 //
@@ -13,6 +13,7 @@
 
 #if defined(OSCAR2_ROWS_NEON)
 #include <arm_neon.h>
+#include <math.h>
 
 static inline float half_to_f32(uint16_t h) {
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
@@ -93,6 +94,33 @@ void oscar2_rows_mad_neon(const void * x, float w, float * acc, int64_t n, int G
 
 void oscar2_rows_to_f32_neon(const void * x, float * y, int64_t n, int G) {
     values(x, 0.0f, y, n, G, 0);
+}
+
+// 32 columns of acc at a time held in eight registers across the rows; the tail as the reference
+void oscar2_rows_acc_neon(const float * t, const float * w, int n_rows, float * acc, int64_t n) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        float32x4_t a[8];
+        for (int i = 0; i < 8; ++i) {
+            a[i] = vld1q_f32(acc + j + 4*i);
+        }
+        for (int r = 0; r < n_rows; ++r) {
+            const float * tr = t + r*n + j;
+            for (int i = 0; i < 8; ++i) {
+                a[i] = vfmaq_n_f32(a[i], vld1q_f32(tr + 4*i), w[r]);
+            }
+        }
+        for (int i = 0; i < 8; ++i) {
+            vst1q_f32(acc + j + 4*i, a[i]);
+        }
+    }
+    for (; j < n; ++j) {
+        float a = acc[j];
+        for (int r = 0; r < n_rows; ++r) {
+            a = fmaf(t[r*n + j], w[r], a);
+        }
+        acc[j] = a;
+    }
 }
 
 static inline float32x4_t halves4(const uint16_t * k) {

@@ -1,6 +1,7 @@
 // oscar2-rows-scalar.c: the plain reference of the row loops of oscar2-rows.h, in the order the
 // format defines them (oscar2.h): per block, d * sum(code*y) + m * sum(y) for the dot product,
-// and the four levels m + code*d for mad and to_f32; the window's f16 rows in element order.
+// and the four levels m + code*d for mad and to_f32; a block of f32 rows added in row order;
+// the window's f16 rows in element order.
 // Every vector path is tested against these.
 
 #include "oscar2-rows.h"
@@ -45,6 +46,16 @@ void oscar2_rows_mad_scalar(const void * x, float w, float * acc, int64_t n, int
 
 void oscar2_rows_to_f32_scalar(const void * x, float * y, int64_t n, int G) {
     oscar2_dequantize_row_g(x, y, n, G);
+}
+
+void oscar2_rows_acc_scalar(const float * t, const float * w, int n_rows, float * acc, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+        float a = acc[j];
+        for (int r = 0; r < n_rows; ++r) {
+            a = fmaf(t[r*n + j], w[r], a);
+        }
+        acc[j] = a;
+    }
 }
 
 float oscar2_rows_f16_dot_scalar(const uint16_t * k, const float * y, int64_t n) {

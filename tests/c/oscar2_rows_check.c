@@ -4,7 +4,7 @@
 // cross-compiled for aarch64 (run under qemu-aarch64) by tests/test_oscar2_rows.py.
 //
 // mad and to_f32 must match bit for bit; dot within 1e-5 of sum |value|*|y| (float summation
-// order). The same for the window's f16 rows (f16_to_f32 bit for bit, f16_dot within 1e-5), on
+// order); acc (P.V of a block of f32 rows) bit for bit. The same for the window's f16 rows (f16_to_f32 bit for bit, f16_dot within 1e-5), on
 // random finite half-precision bit patterns (subnormals included) of lengths that leave tails.
 // Prints the ISA and "N passed, N failed"; exits 1 on any failure.
 
@@ -105,6 +105,24 @@ int main(void) {
         const float d_ref = oscar2_rows_f16_dot_scalar(h, y, n);
         const float d_vec = oscar2_rows_f16_dot(h, y, n);
         tally(ok && dot_close(t_ref, y, n, d_ref, d_vec), "f16", n, trial, d_ref, d_vec);
+    }
+    // acc: blocks of 1..64 f32 rows of widths that leave tails, bit for bit
+    static float tile[64*MAXN/4], wts[64];
+    for (int trial = 0; trial < 200; ++trial) {
+        const int n      = 1 + (int) (uniform()*(MAXN/4));
+        const int n_rows = 1 + trial % 64;
+        for (int i = 0; i < n_rows*n; ++i) {
+            tile[i] = gauss()*(trial % 5 ? 1.0f : 1e3f);
+        }
+        for (int r = 0; r < n_rows; ++r) {
+            wts[r] = uniform();
+        }
+        for (int j = 0; j < n; ++j) {
+            a_ref[j] = a_vec[j] = gauss();
+        }
+        oscar2_rows_acc_scalar(tile, wts, n_rows, a_ref, n);
+        oscar2_rows_acc(tile, wts, n_rows, a_vec, n);
+        tally(memcmp(a_ref, a_vec, n*sizeof(float)) == 0, "acc", n, trial, a_ref[0], a_vec[0]);
     }
     printf("isa: %s\n", isa());
     printf("%d passed, %d failed\n", passed, failed);
