@@ -2,18 +2,19 @@
 // flash attention). The inner loops over the 2-bit codes are in oscar2-rows*.c.
 //
 //   oscar2_cpu_vec_dot_*   K.Q of an oscar2 row with the f32 query (vec_dot_type of oscar2 is
-//                          F32, so the query is never re-quantized); the row-by-row flash attention
-//                          (decode) calls it through the trait table.
-//   oscar2_cpu_v_mad       P.V of the row-by-row flash attention: acc += p * V row, from the codes.
+//                          F32, so the query is never re-quantized), for upstream's row-by-row
+//                          flash attention (its reference path, use_ref) through the trait table.
+//   oscar2_cpu_v_mad       P.V of upstream's row-by-row loop: acc += p * V row, from the codes.
 //   oscar2_cpu_fa_pack_k / _v  the tiled flash attention (prefill): a tile of K (transposed) or V
 //                          rows as f32, each row converted once per tile of queries; the window's
 //                          rows follow the cache's.
 //   oscar2_cpu_write_row   quantization for set_rows / cpy into the cache, with the clip
 //                          ratio the node carries (ggml_oscar2_get_clip, oscar2-ops.h).
-//   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in the row-by-row flash attention.
+//   oscar2_cpu_window_kq / _v  the f16/bf16 window rows in upstream's row-by-row loop.
 //   oscar2_cpu_fa_parts / _part / _fold / _finish  the row-by-row flash attention over oscar2
-//                          K/V or a window: the parts of a query's visible rows, the online
-//                          softmax of one part, and the fold of the parts (oscar2-cpu.h says why).
+//                          K/V or a window (decode and short steps): the parts of a query's
+//                          visible rows, the online softmax of one part in blocks, and the fold
+//                          of the parts (oscar2-cpu.h says why).
 //
 // Each fast path sits beside its plain reference, and vector code is only compiled where the
 // compiler targets that ISA.
