@@ -15,7 +15,7 @@ extern "C" {
 // ggml_vec_dot_t with vec_dot_type F32
 void oscar2_cpu_vec_dot_f32   (int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
 void oscar2_64_cpu_vec_dot_f32(int n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc);
-// P.V of one oscar2 row in the row-by-row flash attention: acc = fma(value, w, acc), from the codes
+// P.V of one oscar2 row in upstream's row-by-row loop (its use_ref path): acc = fma(value, w, acc), from the codes
 void oscar2_cpu_v_mad(const void * v_row, int type, float * acc, float w, int64_t dv);
 
 // the row-by-row flash attention over oscar2 K/V or a window cuts each query's rows (the cache's,
@@ -60,7 +60,7 @@ void oscar2_64_cpu_from_float(const float * x, void * y, int64_t k);
 // into oscar2, by the oscar2 quantizer with the clip ratio of the node (ggml_oscar2_get_clip)
 void oscar2_cpu_write_row(const struct ggml_tensor * dst, ggml_from_float_t from_float, const float * x, void * y, int64_t k);
 
-// flash attention over the high-precision window rows (f16/bf16, widened to f32):
+// upstream's row-by-row loop over the high-precision window rows (f16/bf16, widened to f32):
 // the K.Q of one row with the f32 query, and one V row widened into out
 float oscar2_cpu_window_kq(const void * k_row, int type, const float * q, int64_t dk);
 void  oscar2_cpu_window_v (const void * v_row, int type, float * out, int64_t dv);
