@@ -129,3 +129,40 @@ def test_unified_cache_matches_alone_as_closely_as_f16(runs):
     d_f16, d_o2 = max_rel(runs["f16"], "unified"), max_rel(runs["oscar2"], "unified")
     assert d_f16 > 0  # the layout does move f16's logits here, so the bound below is not zero
     assert d_o2 <= UNIFIED_FACTOR*d_f16, (d_o2, d_f16)
+
+
+# A unified step's mask, built for several sequences at once, against the same tokens sent one
+# sequence per call. Both contexts hold the same cells (the same calls before the step, the step's
+# tokens placed in the same order), so every token sees the same cells in the same order, and its
+# logits must be bit-identical: llama.cpp builds the mask of the sequences with a few tokens in a
+# step cell by cell, and of a lone sequence (each call below) row by row. Sequence 3's 20 tokens take
+# the row-by-row build in the step too, and come last: the batch's rows after such a run go through
+# other tiles of the weights' matrix products than alone, which moves their logits whatever the mask.
+STEP = [(0, 1), (1, 1), (2, SPEC), (4, 1), (3, 20)]  # (sequence, tokens)
+
+
+def step_two_ways(m, prompts, **kv):
+    """The logits of STEP's tokens sent in one batch and sent one sequence per call, in two
+    contexts with the same history: sequences 0-3 and 5 have prompts, and 4 shares 0's cells."""
+    toks = [p + sp + p for p, sp in prompts]  # enough tokens for sequence 3's 20
+    parts = [(s, toks[s % B][len(prompts[s % B][0]):][:n], len(prompts[s % B][0])) for s, n in STEP]
+    out = []
+    for one_batch in (True, False):
+        with Context(m, n_ctx=256*B, n_seq_max=6, kv_unified=True, **kv) as c:
+            c.decode_multi([(s, p, 0) for s, (p, _) in enumerate(prompts)])
+            c.seq_cp(0, 4)
+            c.decode_multi([(5, prompts[0][0][::-1], 0)])  # idle in the step: its cells are hidden
+            if one_batch:
+                out.append(c.decode_multi(parts, logits="all"))
+            else:
+                out.append({s: c.decode_multi([(s, t, p0)], logits="all")[s] for s, t, p0 in parts})
+    return out
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_unified_step_masks_many_sequences_as_one_at_a_time(model, prompts, name):
+    with Model(model) as m:
+        together_, one_by_one = step_two_ways(m, prompts, **TYPES[name])
+    for s, n in STEP:
+        assert together_[s].shape[0] == n
+        assert np.array_equal(together_[s], one_by_one[s]), (name, s)

@@ -145,16 +145,18 @@ struct seq_query {
 
 // whether cell c is read from the window by a query still to come. Only the sequences of the
 // cell's stream are asked: with one stream per sequence that is one, where asking every sequence
-// the context holds made each step's apply cost streams x slots x sequences.
+// the context holds made each step's apply cost streams x slots x sequences. With one sequence
+// in the stream (one_seq), every cell in use is of it, and the cell's sequence set (32 bytes, a
+// cache miss per slot at many streams) is not read.
 static bool needs_slot(const llama_oscar_window & w, const llama_kv_cells & cells, uint32_t c,
-        const std::vector<seq_query> & queries) {
+        const std::vector<seq_query> & queries, bool one_seq) {
     if (cells.is_empty(c)) {
         return false;
     }
     const llama_pos p = cells.pos_get(c);
     for (const seq_query & q : queries) {
         // a cell is needed while some query at first_q or later reads it: p > first_q - R
-        if (cells.seq_has(c, q.seq) && llama_oscar_window_reads(w, p, q.first_q)) {
+        if (llama_oscar_window_reads(w, p, q.first_q) && (one_seq || cells.seq_has(c, q.seq))) {
             return true;
         }
     }
@@ -238,6 +240,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
                 queries.push_back({ q, last + 1 });
             }
         }
+        const bool one_seq = queries.size() == 1;
         for (uint32_t c : sinfo.idxs[s]) {
             if (!cells.is_empty(c)) {
                 for (seq_query & q : queries) {
@@ -257,7 +260,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
             }
             if (cells.is_empty(c)) {
                 free_slot(st, slot);
-            } else if (needs_slot(*w, cells, (uint32_t) c, queries)) {
+            } else if (needs_slot(*w, cells, (uint32_t) c, queries, one_seq)) {
                 unretire(st, slot);
             } else {
                 retire(st, slot);
@@ -265,7 +268,7 @@ void llama_oscar_window_apply(llama_kv_cache & kv, const llama_kv_cache_context 
         }
         // the tokens of this ubatch: a slot if a query of this ubatch or a later one reads them
         for (uint32_t c : sinfo.idxs[s]) {
-            const bool need = needs_slot(*w, cells, c, queries);
+            const bool need = needs_slot(*w, cells, c, queries, one_seq);
             if (need && st.cell_slot[c] >= 0) {
                 unretire(st, (uint32_t) st.cell_slot[c]); // the cell's previous token's slot: rewritten now
             } else if (need) {
