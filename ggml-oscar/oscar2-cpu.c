@@ -163,8 +163,10 @@ int oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_thread
 // across the block's rows (oscar2_rows_acc). Upstream's loop takes a scalar expf for every row (two
 // on a new maximum), which cost more than an oscar2 row's K.q, and stores and reloads the
 // accumulator for every row, a chain of dependent loads. The heads that share a K/V head (GQA)
-// go together: each row is widened to f32 once (oscar2_rows_to_f32, exact) and used by each
-// head. A head's sums do not depend on the heads beside it, so any grouping gives the same bits.
+// go together: the block's oscar2 K rows are scored for all of them from the codes
+// (oscar2_rows_scores), and each V row (and a window's K row) is widened to f32 once
+// (oscar2_rows_to_f32, exact) and used by each head. A head's sums do not depend on the heads
+// beside it, so any grouping gives the same bits.
 #define OSCAR2_FA_BLOCK      64    // rows a block at most
 #define OSCAR2_FA_TILE_FLOATS 16384 // the block's V rows as f32 (64 KiB)
 
@@ -212,9 +214,14 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
         memset(partial + h*pstride + 2, 0, dv*sizeof(float));
     }
 
+    // the cache's oscar2 K rows are scored from their codes (oscar2_rows_scores)
+    const int k_codes = oscar2_is_type(k->type);
+    const int kG      = k_codes ? oscar2_group_size(k->type) : 0;
+
     const int nb = (int) (OSCAR2_FA_TILE_FLOATS/dv < OSCAR2_FA_BLOCK ? OSCAR2_FA_TILE_FLOATS/dv : OSCAR2_FA_BLOCK);
-    float   sc[OSCAR2_FA_MAX_GROUP][OSCAR2_FA_BLOCK], row[1024], tile[OSCAR2_FA_TILE_FLOATS];
+    float   sc[OSCAR2_FA_MAX_GROUP][OSCAR2_FA_BLOCK], mvs[OSCAR2_FA_BLOCK], row[1024], tile[OSCAR2_FA_TILE_FLOATS];
     int64_t rows[OSCAR2_FA_BLOCK];
+    const uint8_t * k_rows[OSCAR2_FA_BLOCK];
     for (int64_t ic = ic0; ic < ic1; ) {
         int n = 0;
         for (; ic < ic1 && n < nb; ++ic) {
@@ -222,20 +229,34 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
             if (mv == -INFINITY) {
                 continue;
             }
-            fa_row_f32(k, k_hp, ic, ik2, ik3, row);
-            for (int h = 0; h < nh; ++h) {
-                float s;
-                ggml_vec_dot_f32((int) dk, &s, 0, row, 0, qh[h], 0, 1);
-                s *= scale;
-                if (softcap != 0.0f) {
-                    s = softcap*tanhf(s);
-                }
-                sc[h][n] = s + slope[h]*mv;
-            }
+            mvs[n]    = mv;
             rows[n++] = ic;
         }
         if (n == 0) {
             break;
+        }
+        // K.q: the cache's rows come first in a block (rows ascend), the window's after them
+        int n_codes = 0;
+        for (; k_codes && n_codes < n && rows[n_codes] < k->ne[1]; ++n_codes) {
+            k_rows[n_codes] = (const uint8_t *) k->data + rows[n_codes]*k->nb[1] + ik2*k->nb[2] + ik3*k->nb[3];
+        }
+        if (n_codes > 0) {
+            oscar2_rows_scores(k_rows, n_codes, qh, nh, dk, kG, &sc[0][0], OSCAR2_FA_BLOCK);
+        }
+        for (int j = n_codes; j < n; ++j) {
+            fa_row_f32(k, k_hp, rows[j], ik2, ik3, row);
+            for (int h = 0; h < nh; ++h) {
+                ggml_vec_dot_f32((int) dk, &sc[h][j], 0, row, 0, qh[h], 0, 1);
+            }
+        }
+        for (int h = 0; h < nh; ++h) {
+            for (int j = 0; j < n; ++j) {
+                float s = sc[h][j]*scale;
+                if (softcap != 0.0f) {
+                    s = softcap*tanhf(s);
+                }
+                sc[h][j] = s + slope[h]*mvs[j];
+            }
         }
         for (int j = 0; j < n; ++j) {
             fa_row_f32(v, v_hp, rows[j], iv2, iv3, tile + j*dv);

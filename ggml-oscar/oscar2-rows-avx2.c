@@ -1,17 +1,19 @@
 // oscar2-rows-avx2.c: the row loops of oscar2-rows.h with AVX2, FMA and F16C (x86-64).
-// Tested against oscar2-rows-scalar.c: mad, to_f32 and acc bit for bit, dot within float summation
-// order (tests/c/oscar2_rows_check.c, tests/test_oscar2_rows.py).
+// Tested against oscar2-rows-scalar.c: mad, to_f32, acc and scores bit for bit, dot within float
+// summation order (tests/c/oscar2_rows_check.c, tests/test_oscar2_rows.py).
 //
 // A block's G/4 code bytes are read 8 at a time, widened to eight 32-bit lanes; shifting those by
-// 2s gives the codes of elements s*G/4 + 8c .. +7 (byte b holds elements b, b+G/4, b+G/2, b+3G/4),
-// so each step of 8 lanes is one and, one convert and one shift, with no shuffles. The window's
-// f16 rows are converted 8 values at a time by F16C.
+// 2s gives the codes of elements s*G/4 + c .. +7 (byte b holds elements b, b+G/4, b+G/2, b+3G/4).
+// Where the values are wanted (mad, to_f32, scores), a permute of the block's four levels by those
+// lanes gives eight values at once, with no convert and no multiply; dot converts the codes and
+// applies d and m per block. The window's f16 rows are converted 8 values at a time by F16C.
 
 #include "oscar2-rows.h"
 
 #if defined(OSCAR2_ROWS_AVX2)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 static inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -53,22 +55,26 @@ float oscar2_rows_dot_avx2(const void * x, const float * y, int64_t n, int G) {
     return hsum(acc);
 }
 
+// a block's four levels, twice: lane i holds fma(i & 3, d, m), so that a permute by a lane whose low
+// two bits are a code gives its value (vpermps reads the low three bits of each index)
+static inline __m256 levels(const block_oscar2 * b) {
+    return _mm256_fmadd_ps(_mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3), _mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_set1_ps(_cvtsh_ss(b->m)));
+}
+
 // value = fma(code, d, m): code*d is exact, so this is m + code*d with its one rounding.
 // accumulate: out = fma(value, w, out) (mad), else out = value (to_f32); inlined with a constant.
 static inline void values(const void * x, float w, float * out, int64_t n, int G, int accumulate) {
     const size_t bs = oscar2_block_bytes(G);
     const int q4 = G/4;
-    const __m256i three = _mm256_set1_epi32(3);
     const __m256 wv = _mm256_set1_ps(w);
     for (int64_t ib = 0; ib < n/G; ++ib) {
         const block_oscar2 * b = (const block_oscar2 *) ((const uint8_t *) x + ib*bs);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
-        const __m256 m = _mm256_set1_ps(_cvtsh_ss(b->m));
+        const __m256 lv = levels(b);
         float * ob = out + ib*G;
         for (int c = 0; c < q4; c += 8) {
             __m256i raw = bytes8(b->qs + c);
             for (int s = 0; s < 4; ++s) {
-                const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw, three)), d, m);
+                const __m256 v = _mm256_permutevar8x32_ps(lv, raw);
                 float * o = ob + s*q4 + c;
                 _mm256_storeu_ps(o, accumulate ? _mm256_fmadd_ps(v, wv, _mm256_loadu_ps(o)) : v);
                 raw = _mm256_srli_epi32(raw, 2);
@@ -136,6 +142,108 @@ void oscar2_rows_f16_to_f32_avx2(const uint16_t * k, float * y, int64_t n) {
     }
     for (; j < n; ++j) {
         y[j] = _cvtsh_ss(k[j]);
+    }
+}
+
+// ---- scores: two rows at a time for up to four heads, then eight rows' lanes summed together ----
+
+// the lanes of rows x[0..R) for heads q[0..NH), group size G, into t + h*64 + r*8; R (1, 2), NH
+// (1..4) and G (64, 128) are constants once inlined. Two rows give each head two chains of fmas.
+static inline __attribute__((always_inline)) void score_lanes(const uint8_t * const * x, const int R, const float * const * q,
+                                                             const int NH, int64_t n, const int G, float * t) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    __m256 A[2][4];
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < NH; ++h) {
+            A[r][h] = _mm256_setzero_ps();
+        }
+    }
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b[2];
+        __m256 lv[2];
+        for (int r = 0; r < R; ++r) {
+            b[r]  = (const block_oscar2 *) (x[r] + ib*bs);
+            lv[r] = levels(b[r]);
+        }
+        for (int c = 0; c < q4; c += 8) {
+            __m256i raw[2];
+            for (int r = 0; r < R; ++r) {
+                raw[r] = bytes8(b[r]->qs + c);
+            }
+            for (int s = 0; s < 4; ++s) {
+                __m256 v[2];
+                for (int r = 0; r < R; ++r) {
+                    v[r]   = _mm256_permutevar8x32_ps(lv[r], raw[r]);
+                    raw[r] = _mm256_srli_epi32(raw[r], 2);
+                }
+                for (int h = 0; h < NH; ++h) {
+                    const __m256 qv = _mm256_loadu_ps(q[h] + ib*G + s*q4 + c);
+                    for (int r = 0; r < R; ++r) {
+                        A[r][h] = _mm256_fmadd_ps(v[r], qv, A[r][h]);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < NH; ++h) {
+            _mm256_storeu_ps(t + h*64 + r*8, A[r][h]);
+        }
+    }
+}
+
+// the lane sums ((A0+A1)+(A2+A3)) + ((A4+A5)+(A6+A7)) of eight rows' lanes t[r*8 + l], as one vector
+static inline __m256 lane_sums8(const float * t) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_loadu_ps(t +  0), _mm256_loadu_ps(t +  8));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_loadu_ps(t + 16), _mm256_loadu_ps(t + 24));
+    const __m256 t2 = _mm256_hadd_ps(_mm256_loadu_ps(t + 32), _mm256_loadu_ps(t + 40));
+    const __m256 t3 = _mm256_hadd_ps(_mm256_loadu_ps(t + 48), _mm256_loadu_ps(t + 56));
+    const __m256 u0 = _mm256_hadd_ps(t0, t1); // rows 0-3: lanes 0-3 summed, then lanes 4-7 summed
+    const __m256 u1 = _mm256_hadd_ps(t2, t3); // rows 4-7
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#define SCORE_LANES(R, NH, G) score_lanes(x + r0 + r, R, q + h0, NH, n, G, t + r*8)
+#define SCORE_LANES_NH(R, G)                                  \
+    switch (NH) {                                             \
+        case 1:  SCORE_LANES(R, 1, G); break;                 \
+        case 2:  SCORE_LANES(R, 2, G); break;                 \
+        case 3:  SCORE_LANES(R, 3, G); break;                 \
+        default: SCORE_LANES(R, 4, G); break;                 \
+    }
+
+void oscar2_rows_scores_avx2(const uint8_t * const * x, int n_rows, const float * const * q, int nh,
+                             int64_t n, int G, float * s, int ld) {
+    float t[4*64], out[8];
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const int NH = nh - h0 < 4 ? nh - h0 : 4;
+        for (int r0 = 0; r0 < n_rows; r0 += 8) {
+            const int nr = n_rows - r0 < 8 ? n_rows - r0 : 8;
+            int r = 0;
+            if (G == QK_OSCAR2_64) {
+                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2_64) }
+                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2_64) }
+            } else {
+                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2) }
+                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2) }
+            }
+            for (; r < 8; ++r) {
+                for (int h = 0; h < NH; ++h) {
+                    _mm256_storeu_ps(t + h*64 + r*8, _mm256_setzero_ps());
+                }
+            }
+            for (int h = 0; h < NH; ++h) {
+                const __m256 v = lane_sums8(t + h*64);
+                float * sh = s + (h0 + h)*ld + r0;
+                if (nr == 8) {
+                    _mm256_storeu_ps(sh, v);
+                } else {
+                    _mm256_storeu_ps(out, v);
+                    memcpy(sh, out, nr*sizeof(float));
+                }
+            }
+        }
     }
 }
 #endif

@@ -1,5 +1,5 @@
 // oscar2-rows-neon.c: the row loops of oscar2-rows.h with Arm NEON (AArch64, float arithmetic).
-// Tested against oscar2-rows-scalar.c: mad, to_f32 and acc bit for bit, dot within float summation
+// Tested against oscar2-rows-scalar.c: mad, to_f32, acc and scores bit for bit, dot within float summation
 // order, by tests/c/oscar2_rows_check.c cross-compiled for aarch64 and run under qemu-aarch64
 // (tests/test_oscar2_rows.py).
 //
@@ -14,6 +14,7 @@
 #if defined(OSCAR2_ROWS_NEON)
 #include <arm_neon.h>
 #include <math.h>
+#include <string.h>
 
 static inline float half_to_f32(uint16_t h) {
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
@@ -149,6 +150,105 @@ void oscar2_rows_f16_to_f32_neon(const uint16_t * k, float * y, int64_t n) {
     }
     for (; j < n; ++j) {
         y[j] = half_to_f32(k[j]);
+    }
+}
+
+// ---- scores: two rows at a time for up to four heads, then four rows' lanes summed together ----
+// Eight lanes are two float32x4 (lo: lanes 0-3, hi: 4-7), so that the order is AVX2's and the reference's.
+
+// the lanes of rows x[0..R) for heads q[0..NH), group size G, pairwise summed: t + h*32 + r*4 gets
+// (A0+A1, A2+A3, A4+A5, A6+A7); R (1, 2), NH (1..4) and G (64, 128) are constants once inlined
+static inline __attribute__((always_inline)) void score_lanes(const uint8_t * const * x, const int R, const float * const * q,
+                                                             const int NH, int64_t n, const int G, float * t) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    const uint8x8_t three = vdup_n_u8(3);
+    float32x4_t Alo[2][4], Ahi[2][4];
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < NH; ++h) {
+            Alo[r][h] = Ahi[r][h] = vdupq_n_f32(0.0f);
+        }
+    }
+    for (int64_t ib = 0; ib < n/G; ++ib) {
+        const block_oscar2 * b[2];
+        float32x4_t d[2], m[2];
+        for (int r = 0; r < R; ++r) {
+            b[r] = (const block_oscar2 *) (x[r] + ib*bs);
+            d[r] = vdupq_n_f32(half_to_f32(b[r]->d));
+            m[r] = vdupq_n_f32(half_to_f32(b[r]->m));
+        }
+        for (int c = 0; c < q4; c += 8) {
+            uint8x8_t raw[2];
+            for (int r = 0; r < R; ++r) {
+                raw[r] = vld1_u8(b[r]->qs + c);
+            }
+            for (int s = 0; s < 4; ++s) {
+                float32x4_t vlo[2], vhi[2];
+                for (int r = 0; r < R; ++r) { // value = fma(code, d, m)
+                    const uint16x8_t w = vmovl_u8(vand_u8(raw[r], three));
+                    vlo[r] = vfmaq_f32(m[r], vcvtq_f32_u32(vmovl_u16(vget_low_u16(w))), d[r]);
+                    vhi[r] = vfmaq_f32(m[r], vcvtq_f32_u32(vmovl_high_u16(w)), d[r]);
+                    raw[r] = vshr_n_u8(raw[r], 2);
+                }
+                for (int h = 0; h < NH; ++h) {
+                    const float * qv = q[h] + ib*G + s*q4 + c;
+                    const float32x4_t qlo = vld1q_f32(qv), qhi = vld1q_f32(qv + 4);
+                    for (int r = 0; r < R; ++r) {
+                        Alo[r][h] = vfmaq_f32(Alo[r][h], vlo[r], qlo);
+                        Ahi[r][h] = vfmaq_f32(Ahi[r][h], vhi[r], qhi);
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < NH; ++h) {
+            vst1q_f32(t + h*32 + r*4, vpaddq_f32(Alo[r][h], Ahi[r][h]));
+        }
+    }
+}
+
+#define SCORE_LANES(R, NH, G) score_lanes(x + r0 + r, R, q + h0, NH, n, G, t + r*4)
+#define SCORE_LANES_NH(R, G)                                  \
+    switch (NH) {                                             \
+        case 1:  SCORE_LANES(R, 1, G); break;                 \
+        case 2:  SCORE_LANES(R, 2, G); break;                 \
+        case 3:  SCORE_LANES(R, 3, G); break;                 \
+        default: SCORE_LANES(R, 4, G); break;                 \
+    }
+
+void oscar2_rows_scores_neon(const uint8_t * const * x, int n_rows, const float * const * q, int nh,
+                             int64_t n, int G, float * s, int ld) {
+    float t[4*32], out[8];
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const int NH = nh - h0 < 4 ? nh - h0 : 4;
+        for (int r0 = 0; r0 < n_rows; r0 += 8) {
+            const int nr = n_rows - r0 < 8 ? n_rows - r0 : 8;
+            int r = 0;
+            if (G == QK_OSCAR2_64) {
+                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2_64) }
+                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2_64) }
+            } else {
+                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2) }
+                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2) }
+            }
+            for (; r < 8; ++r) {
+                for (int h = 0; h < NH; ++h) {
+                    vst1q_f32(t + h*32 + r*4, vdupq_n_f32(0.0f));
+                }
+            }
+            for (int h = 0; h < NH; ++h) {
+                const float * th = t + h*32;
+                // rows r, r+1: (A0+A1)+(A2+A3), (A4+A5)+(A6+A7) of each; then rows r..r+3's sums of those
+                const float32x4_t p01 = vpaddq_f32(vld1q_f32(th +  0), vld1q_f32(th +  4));
+                const float32x4_t p23 = vpaddq_f32(vld1q_f32(th +  8), vld1q_f32(th + 12));
+                const float32x4_t p45 = vpaddq_f32(vld1q_f32(th + 16), vld1q_f32(th + 20));
+                const float32x4_t p67 = vpaddq_f32(vld1q_f32(th + 24), vld1q_f32(th + 28));
+                vst1q_f32(out,     vpaddq_f32(p01, p23));
+                vst1q_f32(out + 4, vpaddq_f32(p45, p67));
+                memcpy(s + (h0 + h)*ld + r0, out, nr*sizeof(float));
+            }
+        }
     }
 }
 #endif

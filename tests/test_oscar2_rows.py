@@ -33,7 +33,7 @@ def sources_key() -> str:
 def check_output(cmd: list[str]) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "0 failed" in r.stdout and "800 passed" in r.stdout, r.stdout
+    assert "0 failed" in r.stdout and "1000 passed" in r.stdout, r.stdout
     return r.stdout
 
 

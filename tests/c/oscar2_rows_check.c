@@ -4,7 +4,8 @@
 // cross-compiled for aarch64 (run under qemu-aarch64) by tests/test_oscar2_rows.py.
 //
 // mad and to_f32 must match bit for bit; dot within 1e-5 of sum |value|*|y| (float summation
-// order); acc (P.V of a block of f32 rows) bit for bit. The same for the window's f16 rows (f16_to_f32 bit for bit, f16_dot within 1e-5), on
+// order); acc (P.V of a block of f32 rows) bit for bit; scores (K.q of a block of rows for several
+// heads) bit for bit, and the reference's within 1e-5 of the dequantized rows' dot products. The same for the window's f16 rows (f16_to_f32 bit for bit, f16_dot within 1e-5), on
 // random finite half-precision bit patterns (subnormals included) of lengths that leave tails.
 // Prints the ISA and "N passed, N failed"; exits 1 on any failure.
 
@@ -123,6 +124,45 @@ int main(void) {
         oscar2_rows_acc_scalar(tile, wts, n_rows, a_ref, n);
         oscar2_rows_acc(tile, wts, n_rows, a_vec, n);
         tally(memcmp(a_ref, a_vec, n*sizeof(float)) == 0, "acc", n, trial, a_ref[0], a_vec[0]);
+    }
+    // scores: 1..64 rows of 1..8 blocks, 1..8 heads, bit for bit; the reference against the
+    // dequantized rows within float summation order
+    static uint8_t rows[64][MAXN/64*20 + 64];
+    static float qv[8][MAXN], s_ref[8*64], s_vec[8*64], rv[MAXN];
+    for (int trial = 0; trial < 200; ++trial) {
+        const int G = groups[trial % 2];
+        const int n = G * (1 + (trial/2) % 4), nh = 1 + trial % 8, n_rows = 1 + (trial*7) % 64;
+        const float sc = scales[trial % 4];
+        const uint8_t * xr[64];
+        for (int r = 0; r < n_rows; ++r) {
+            for (int j = 0; j < n; ++j) {
+                x[j] = gauss()*sc + (trial % 3 == 0 ? 5.0f*sc : 0.0f);
+            }
+            oscar2_quantize_row_g(x, rows[r], n, G, trial % 2 ? 0.96f : 1.0f);
+            xr[r] = rows[r];
+        }
+        const float * qp[8];
+        for (int h = 0; h < nh; ++h) {
+            for (int j = 0; j < n; ++j) {
+                qv[h][j] = gauss();
+            }
+            qp[h] = qv[h];
+        }
+        oscar2_rows_scores_scalar(xr, n_rows, qp, nh, n, G, s_ref, 64);
+        oscar2_rows_scores(xr, n_rows, qp, nh, n, G, s_vec, 64);
+        int ok = 1;
+        for (int h = 0; h < nh && ok; ++h) {
+            ok = memcmp(s_ref + h*64, s_vec + h*64, n_rows*sizeof(float)) == 0;
+            for (int r = 0; r < n_rows && ok; ++r) {
+                oscar2_dequantize_row_g(xr[r], rv, n, G);
+                float dot = 0.0f;
+                for (int j = 0; j < n; ++j) {
+                    dot += rv[j]*qv[h][j];
+                }
+                ok = dot_close(rv, qv[h], n, dot, s_ref[h*64 + r]);
+            }
+        }
+        tally(ok, "scores", n, trial, s_ref[0], s_vec[0]);
     }
     printf("isa: %s\n", isa());
     printf("%d passed, %d failed\n", passed, failed);
