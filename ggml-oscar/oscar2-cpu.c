@@ -170,6 +170,28 @@ int oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_thread
 #define OSCAR2_FA_BLOCK      64    // rows a block at most
 #define OSCAR2_FA_TILE_FLOATS 16384 // the block's V rows as f32 (64 KiB)
 
+// the largest of x[0..n), in eight running maxima so that no compare waits for the one before
+// (a maximum is exact, so the order does not matter)
+static float block_max(const float * x, int n) {
+    float m[8], mb = -INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        m[l] = -INFINITY;
+    }
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        for (int l = 0; l < 8; ++l) {
+            m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+        }
+    }
+    for (; j < n; ++j) {
+        mb = x[j] > mb ? x[j] : mb;
+    }
+    for (int l = 0; l < 8; ++l) {
+        mb = m[l] > mb ? m[l] : mb;
+    }
+    return mb;
+}
+
 void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int64_t ic0, int64_t ic1,
                         float * partial, int64_t pstride) {
     const struct ggml_tensor * q     = dst->src[0];
@@ -263,10 +285,7 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
         }
         for (int h = 0; h < nh; ++h) { // the block's weights exp(s - M), M the running maximum
             float * acc = partial + h*pstride + 2;
-            float   mb  = sc[h][0];
-            for (int j = 1; j < n; ++j) {
-                mb = sc[h][j] > mb ? sc[h][j] : mb;
-            }
+            const float mb = block_max(sc[h], n);
             if (mb > M[h]) {
                 const float ms = expf(M[h] - mb); // 0 at the first block
                 ggml_vec_scale_f32((int) dv, acc, ms);
