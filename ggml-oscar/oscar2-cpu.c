@@ -28,6 +28,7 @@
 #include "ggml-cpu.h"        // ggml_get_type_traits_cpu
 #include "../ggml-cpu/vec.h" // ggml_vec_soft_max_f32, ggml_vec_mad_f32, ggml_vec_scale_f32
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -192,6 +193,16 @@ static float block_max(const float * x, int n) {
     return mb;
 }
 
+// weights below FLT_MIN (subnormal) become 0: a subnormal operand costs an x86 core a microcode
+// assist in each product of the P.V, and scores far below the running maximum (a sink's beside
+// the rest, a quantized row's) make many; a weight under 2^-126 moves the output by less than
+// 2^-126 times a V value (the tiled path, patch 0003, does the same)
+static void flush_subnormal_weights(float * w, int n) {
+    for (int j = 0; j < n; ++j) {
+        w[j] = w[j] < FLT_MIN ? 0.0f : w[j];
+    }
+}
+
 void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int64_t ic0, int64_t ic1,
                         float * partial, int64_t pstride) {
     const struct ggml_tensor * q     = dst->src[0];
@@ -287,12 +298,14 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
             float * acc = partial + h*pstride + 2;
             const float mb = block_max(sc[h], n);
             if (mb > M[h]) {
-                const float ms = expf(M[h] - mb); // 0 at the first block
+                float ms = expf(M[h] - mb); // 0 at the first block
+                ms = ms < FLT_MIN ? 0.0f : ms;
                 ggml_vec_scale_f32((int) dv, acc, ms);
                 S[h] *= ms;
                 M[h]  = mb;
             }
             S[h] += (float) ggml_vec_soft_max_f32(n, sc[h], sc[h], M[h]);
+            flush_subnormal_weights(sc[h], n);
             oscar2_rows_acc(tile, sc[h], n, acc, dv);
         }
     }
