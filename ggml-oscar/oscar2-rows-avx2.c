@@ -193,57 +193,23 @@ static inline __attribute__((always_inline)) void score_lanes(const uint8_t * co
     }
 }
 
-// the lane sums ((A0+A1)+(A2+A3)) + ((A4+A5)+(A6+A7)) of eight rows' lanes t[r*8 + l], as one vector
-static inline __m256 lane_sums8(const float * t) {
+#define SCORES_T_ROW 8 // the eight lanes
+
+static inline void zero_lanes(float * t) {
+    _mm256_storeu_ps(t, _mm256_setzero_ps());
+}
+
+// out = the lane sums ((A0+A1)+(A2+A3)) + ((A4+A5)+(A6+A7)) of eight rows' lanes t[r*8 + l]
+static inline void lane_sums8(const float * t, float * out) {
     const __m256 t0 = _mm256_hadd_ps(_mm256_loadu_ps(t +  0), _mm256_loadu_ps(t +  8));
     const __m256 t1 = _mm256_hadd_ps(_mm256_loadu_ps(t + 16), _mm256_loadu_ps(t + 24));
     const __m256 t2 = _mm256_hadd_ps(_mm256_loadu_ps(t + 32), _mm256_loadu_ps(t + 40));
     const __m256 t3 = _mm256_hadd_ps(_mm256_loadu_ps(t + 48), _mm256_loadu_ps(t + 56));
     const __m256 u0 = _mm256_hadd_ps(t0, t1); // rows 0-3: lanes 0-3 summed, then lanes 4-7 summed
     const __m256 u1 = _mm256_hadd_ps(t2, t3); // rows 4-7
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
 }
 
-#define SCORE_LANES(R, NH, G) score_lanes(x + r0 + r, R, q + h0, NH, n, G, t + r*8)
-#define SCORE_LANES_NH(R, G)                                  \
-    switch (NH) {                                             \
-        case 1:  SCORE_LANES(R, 1, G); break;                 \
-        case 2:  SCORE_LANES(R, 2, G); break;                 \
-        case 3:  SCORE_LANES(R, 3, G); break;                 \
-        default: SCORE_LANES(R, 4, G); break;                 \
-    }
-
-void oscar2_rows_scores_avx2(const uint8_t * const * x, int n_rows, const float * const * q, int nh,
-                             int64_t n, int G, float * s, int ld) {
-    float t[4*64], out[8];
-    for (int h0 = 0; h0 < nh; h0 += 4) {
-        const int NH = nh - h0 < 4 ? nh - h0 : 4;
-        for (int r0 = 0; r0 < n_rows; r0 += 8) {
-            const int nr = n_rows - r0 < 8 ? n_rows - r0 : 8;
-            int r = 0;
-            if (G == QK_OSCAR2_64) {
-                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2_64) }
-                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2_64) }
-            } else {
-                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2) }
-                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2) }
-            }
-            for (; r < 8; ++r) {
-                for (int h = 0; h < NH; ++h) {
-                    _mm256_storeu_ps(t + h*64 + r*8, _mm256_setzero_ps());
-                }
-            }
-            for (int h = 0; h < NH; ++h) {
-                const __m256 v = lane_sums8(t + h*64);
-                float * sh = s + (h0 + h)*ld + r0;
-                if (nr == 8) {
-                    _mm256_storeu_ps(sh, v);
-                } else {
-                    _mm256_storeu_ps(out, v);
-                    memcpy(sh, out, nr*sizeof(float));
-                }
-            }
-        }
-    }
-}
+#define SCORES_NAME oscar2_rows_scores_avx2
+#include "oscar2-rows-scores.inc"
 #endif

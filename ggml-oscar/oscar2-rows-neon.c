@@ -208,47 +208,23 @@ static inline __attribute__((always_inline)) void score_lanes(const uint8_t * co
     }
 }
 
-#define SCORE_LANES(R, NH, G) score_lanes(x + r0 + r, R, q + h0, NH, n, G, t + r*4)
-#define SCORE_LANES_NH(R, G)                                  \
-    switch (NH) {                                             \
-        case 1:  SCORE_LANES(R, 1, G); break;                 \
-        case 2:  SCORE_LANES(R, 2, G); break;                 \
-        case 3:  SCORE_LANES(R, 3, G); break;                 \
-        default: SCORE_LANES(R, 4, G); break;                 \
-    }
+#define SCORES_T_ROW 4 // the pairwise sums
 
-void oscar2_rows_scores_neon(const uint8_t * const * x, int n_rows, const float * const * q, int nh,
-                             int64_t n, int G, float * s, int ld) {
-    float t[4*32], out[8];
-    for (int h0 = 0; h0 < nh; h0 += 4) {
-        const int NH = nh - h0 < 4 ? nh - h0 : 4;
-        for (int r0 = 0; r0 < n_rows; r0 += 8) {
-            const int nr = n_rows - r0 < 8 ? n_rows - r0 : 8;
-            int r = 0;
-            if (G == QK_OSCAR2_64) {
-                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2_64) }
-                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2_64) }
-            } else {
-                for (; r + 2 <= nr; r += 2) { SCORE_LANES_NH(2, QK_OSCAR2) }
-                for (; r < nr; ++r)         { SCORE_LANES_NH(1, QK_OSCAR2) }
-            }
-            for (; r < 8; ++r) {
-                for (int h = 0; h < NH; ++h) {
-                    vst1q_f32(t + h*32 + r*4, vdupq_n_f32(0.0f));
-                }
-            }
-            for (int h = 0; h < NH; ++h) {
-                const float * th = t + h*32;
-                // rows r, r+1: (A0+A1)+(A2+A3), (A4+A5)+(A6+A7) of each; then rows r..r+3's sums of those
-                const float32x4_t p01 = vpaddq_f32(vld1q_f32(th +  0), vld1q_f32(th +  4));
-                const float32x4_t p23 = vpaddq_f32(vld1q_f32(th +  8), vld1q_f32(th + 12));
-                const float32x4_t p45 = vpaddq_f32(vld1q_f32(th + 16), vld1q_f32(th + 20));
-                const float32x4_t p67 = vpaddq_f32(vld1q_f32(th + 24), vld1q_f32(th + 28));
-                vst1q_f32(out,     vpaddq_f32(p01, p23));
-                vst1q_f32(out + 4, vpaddq_f32(p45, p67));
-                memcpy(s + (h0 + h)*ld + r0, out, nr*sizeof(float));
-            }
-        }
-    }
+static inline void zero_lanes(float * t) {
+    vst1q_f32(t, vdupq_n_f32(0.0f));
 }
+
+// out = the scores of eight rows from their pairwise sums t[r*4 + i]: rows r, r+1 give
+// (A0+A1)+(A2+A3) and (A4+A5)+(A6+A7) of each, then rows r..r+3 the sums of those
+static inline void lane_sums8(const float * t, float * out) {
+    const float32x4_t p01 = vpaddq_f32(vld1q_f32(t +  0), vld1q_f32(t +  4));
+    const float32x4_t p23 = vpaddq_f32(vld1q_f32(t +  8), vld1q_f32(t + 12));
+    const float32x4_t p45 = vpaddq_f32(vld1q_f32(t + 16), vld1q_f32(t + 20));
+    const float32x4_t p67 = vpaddq_f32(vld1q_f32(t + 24), vld1q_f32(t + 28));
+    vst1q_f32(out,     vpaddq_f32(p01, p23));
+    vst1q_f32(out + 4, vpaddq_f32(p45, p67));
+}
+
+#define SCORES_NAME oscar2_rows_scores_neon
+#include "oscar2-rows-scores.inc"
 #endif

@@ -25,7 +25,7 @@ SOURCES = [CHECK, OSCAR / "oscar2.c", OSCAR / "oscar2-rows-scalar.c", OSCAR / "o
 
 def sources_key() -> str:
     h = hashlib.sha256()
-    for p in [*SOURCES, OSCAR / "oscar2.h", OSCAR / "oscar2-rows.h"]:
+    for p in [*SOURCES, OSCAR / "oscar2.h", OSCAR / "oscar2-rows.h", OSCAR / "oscar2-rows-scores.inc"]:
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
 
