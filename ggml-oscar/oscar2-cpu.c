@@ -28,7 +28,6 @@
 #include "ggml-cpu.h"        // ggml_get_type_traits_cpu
 #include "../ggml-cpu/vec.h" // ggml_vec_soft_max_f32, ggml_vec_mad_f32, ggml_vec_scale_f32
 
-#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -193,13 +192,9 @@ static float block_max(const float * x, int n) {
     return mb;
 }
 
-// weights below FLT_MIN (subnormal) become 0: a subnormal operand costs an x86 core a microcode
-// assist in each product of the P.V, and scores far below the running maximum (a sink's beside
-// the rest, a quantized row's) make many; a weight under 2^-126 moves the output by less than
-// 2^-126 times a V value (the tiled path, patch 0003, does the same)
-static void flush_subnormal_weights(float * w, int n) {
-    for (int j = 0; j < n; ++j) {
-        w[j] = w[j] < FLT_MIN ? 0.0f : w[j];
+void oscar2_cpu_fa_flush_weights(float * w, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+        w[j] = oscar2_cpu_fa_weight(w[j]);
     }
 }
 
@@ -298,14 +293,13 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
             float * acc = partial + h*pstride + 2;
             const float mb = block_max(sc[h], n);
             if (mb > M[h]) {
-                float ms = expf(M[h] - mb); // 0 at the first block
-                ms = ms < FLT_MIN ? 0.0f : ms;
+                const float ms = oscar2_cpu_fa_weight(expf(M[h] - mb)); // 0 at the first block
                 ggml_vec_scale_f32((int) dv, acc, ms);
                 S[h] *= ms;
                 M[h]  = mb;
             }
             S[h] += (float) ggml_vec_soft_max_f32(n, sc[h], sc[h], M[h]);
-            flush_subnormal_weights(sc[h], n);
+            oscar2_cpu_fa_flush_weights(sc[h], n);
             oscar2_rows_acc(tile, sc[h], n, acc, dv);
         }
     }

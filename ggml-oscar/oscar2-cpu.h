@@ -5,6 +5,7 @@
 #include "ggml.h"
 #include "oscar2.h" // oscar2_is_type, oscar2_group_size
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,17 @@ int  oscar2_cpu_fa_parts(const ggml_fp16_t * mask_row, int64_t n_kv, int n_threa
 #define OSCAR2_FA_MAX_GROUP 8
 void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int64_t ic0, int64_t ic1,
                         float * partial, int64_t pstride);
+// A softmax weight (or rescale factor) below FLT_MIN, a subnormal, as 0, in the row-by-row and the
+// tiled flash attention alike: a subnormal operand costs an x86 core a microcode assist in each
+// product of the P.V, and scores far below the running maximum (a sink's beside the rest, a
+// quantized row's) make many; a weight under 2^-126 moves the output by less than 2^-126 times a
+// V value.
+static inline float oscar2_cpu_fa_weight(float w) {
+    return w < FLT_MIN ? 0.0f : w;
+}
+// oscar2_cpu_fa_weight of each of w[0..n)
+void oscar2_cpu_fa_flush_weights(float * w, int64_t n);
+
 // acc = acc then part (partials [M, S, VKQ[dv]]; acc starts at M -inf, S 0, VKQ 0)
 void oscar2_cpu_fa_fold(float * acc, const float * part, int64_t dv);
 // out = VKQ / S of a folded partial (0 where nothing was seen)
