@@ -16,6 +16,7 @@
 
 #define OSCAR_WIN_LITE_ROWS 512 // k_fa_int2_mma: cache rows fewer for a split that takes a window chunk
 #define OSCAR_WIN_MAX_ROWS 1024 // k_fa_int2_mma: the most window rows of a chunk (one block's share)
+#define OSCAR_WAVE_MIN_ROWS 1024 // k_fa_int2_mma: the fewest cache rows of a split where it takes several waves
 
 // the most query tokens per flash-attention call that take the split-KV kernels
 static const int OSCAR_VEC_MAX_TOKENS = 16;
@@ -126,18 +127,42 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         rps = (rps + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
         n_split = std::max(1, (n_rows + rps - 1)/rps);
     };
+    // ... unless the heads x streams x groups fill that one wave poorly (many streams: 39 streams
+    // of 8 heads are 312 blocks of the 396 an H100 runs at once, one wave 79% full, each block a
+    // whole stream's rows). Then several waves of shorter splits, as many as fill the waves best;
+    // a split keeps at least OSCAR_WAVE_MIN_ROWS rows, so that its first step's memory latency,
+    // which its loads one step ahead cannot hide, stays a small share (with several groups of
+    // queries, of a group's share of the rows: in a unified cache each group sees its sequence's).
+    auto split_waves = [&](int n_rows, int slots, int & n_split, int & rps) {
+        auto fill = [&](int n) {
+            const int64_t blocks = (int64_t) base*n;
+            return (double) blocks/(double) (((blocks + slots - 1)/slots)*slots);
+        };
+        const int n_max = std::min(8*n_split, std::max(1, n_rows/n_groups/OSCAR_WAVE_MIN_ROWS));
+        int best = n_split;
+        for (int n = n_split + 1; n <= n_max && fill(n_split) < 0.9; ++n) {
+            if (fill(n) > fill(best) + 0.05) {
+                best = n;
+            }
+        }
+        if (best != n_split) {
+            rps = ((n_rows + best - 1)/best + OSCAR_FA_WARPS - 1)/OSCAR_FA_WARPS*OSCAR_FA_WARPS;
+            n_split = std::max(1, (n_rows + rps - 1)/rps);
+        }
+    };
     int ns_main, rps_main, ns_win = 0, rps_win = 0, rps_lite = 0;
     const bool mma = mma_arch && uses_int2_mma(K->type, V->type, D, nqb, wt);
     if (mma) {
         // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
-        // SM, and the first blocks also take a chunk of the window each (see k_fa_int2_mma), or
-        // at small depths, with fewer cache splits than window chunks, the window's chunks are
-        // blocks of their own (attn-mma.cu). A chunk is one 32-row step of each warp
+        // SM (or several, split_waves), and the first blocks also take a chunk of the window each
+        // (see k_fa_int2_mma), or with fewer cache splits than window chunks (small depths, many
+        // streams) the window's chunks are blocks of their own, after the cache's (attn-mma.cu). A chunk is one 32-row step of each warp
         // (fa_window_rows_f16): its rows cost about what one step costs, so smaller chunks would
         // only add partials. Most window rows are masked (the view spans every slot a prefill's
-        // ubatch used, 1024 rows after a 512-token ubatch, of which sink + recent are live) and
+        // ubatch used, 832 rows after a 512-token ubatch, of which sink + recent are live) and
         // cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
+        split_waves((int) K->ne[1], OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         if (Kw) {
             // with several groups of queries (many sequences in one stream) every group takes
             // every chunk, and the partials, which the combine reads back, grow with groups x

@@ -96,17 +96,18 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 
 #endif // sm_80 and newer
 
-// Grid (n_head_kv*ne3, max(main0 + ns_main, ns_win), n_query_groups), 4 warps. Block y first runs
-// window chunk y (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
-// fa_window_rows_f16 if y < ns_win, then cache split y - main0 if that is one of the ns_main:
-// rows_lite rows for the splits that took a window chunk (main0 = 0, y < ns_win), rows_per_split
-// for the others. Partials: cache splits first, then the window's. Why the window shares the
-// cache's blocks (main0 = 0) at depth: as blocks of their own (scheduled first) they push part
-// of the cache's blocks into a second wave that starts only when they are done, with most SMs
-// idle meanwhile; a few window rows more in some blocks cost far less than that. With fewer
-// cache splits than window chunks (small depths) the window's blocks are their own (main0 =
-// ns_win): all fit in one wave, and the cache's few blocks then do not wait for a window chunk
-// first.
+// Grid (n_head_kv*ne3, max(ns_main, win0 + ns_win), n_query_groups), 4 warps. Block y runs window
+// chunk y - win0 (rows_per_win_split rows of type WT; GGML_TYPE_COUNT: no window) through
+// fa_window_rows_f16 if that is one of the ns_win, then cache split y if that is one of the
+// ns_main: rows_lite rows for the splits that took a window chunk (win0 = 0, y < ns_win),
+// rows_per_split for the others. Partials: cache splits first, then the window's. Why the window
+// shares the cache's blocks (win0 = 0) at depth: as blocks of their own they either push part of
+// the cache's blocks into a second wave (scheduled first) or end after them (scheduled last),
+// with most SMs idle meanwhile; a few window rows more in some blocks cost far less than that.
+// With fewer cache splits than window chunks (small depths, or many streams) the window's blocks
+// are their own (win0 = ns_main) and come after the cache's: at small depths all fit in one
+// wave; with many streams the cache's blocks, each far longer than a chunk, fill the waves and
+// the chunks fill in behind them, rather than delaying every cache block by a chunk.
 //
 // A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
 // i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
@@ -130,7 +131,7 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 // summed at the end. Same products, half the per-row work: for 8B models' decode (GQA 4).
 template <int D, ggml_type T, ggml_type WT, int NQB, bool LIST>
 __launch_bounds__(OSCAR_FA_WARPS*WARP_SIZE, OSCAR_MMA_BLOCKS_PER_SM)
-static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int main0,
+static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, const fa_params p, const int win0,
         const int ns_main, const int rows_per_split, const int ns_win, const int rows_per_win_split, const int rows_lite) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
     // the combine after this launch may be scheduled now (it waits for this grid's end before it
@@ -142,13 +143,14 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     ggml_cuda_pdl_sync();
     if constexpr (WT != GGML_TYPE_COUNT) {
         static_assert(WT == GGML_TYPE_F16, "the window's rows: f16 (uses_int2_mma)");
-        if ((int) blockIdx.y < ns_win) {
+        const int chunk = (int) blockIdx.y - win0;
+        if (chunk >= 0 && chunk < ns_win) {
             // (its shared memory is its own: no barrier is needed before the cache's part)
-            const int r0 = blockIdx.y*rows_per_win_split;
-            fa_window_rows_f16<D, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + blockIdx.y);
+            const int r0 = chunk*rows_per_win_split;
+            fa_window_rows_f16<D, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + chunk);
         }
     }
-    const int split = (int) blockIdx.y - main0;
+    const int split = (int) blockIdx.y;
     if (split < 0 || split >= ns_main) {
         return;
     }
@@ -171,8 +173,8 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
     const int tok0  = blockIdx.z*NT;
     const int nq    = min(NT, p.n_q - tok0)*p.gqa;
-    // the splits that also took a window chunk (main0 = 0: splits 0 .. ns_win-1) have rows_lite rows
-    const int n_lite = main0 == 0 ? min(ns_win, ns_main) : 0;
+    // the splits that also took a window chunk (win0 = 0: splits 0 .. ns_win-1) have rows_lite rows
+    const int n_lite = win0 == 0 ? min(ns_win, ns_main) : 0;
     const int r0    = split < n_lite ? split*rows_lite : n_lite*rows_lite + (split - n_lite)*rows_per_split;
     const int r1    = min(src.n_rows, r0 + (split < n_lite ? rows_lite : rows_per_split));
     // LIST: the block takes its share [i0, i1) of its group's live chunks instead (attn-live.cu)
@@ -572,7 +574,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     __syncthreads();
     store_block_partial<D, 8, OSCAR_FA_WARPS>(sh_ml, sh_acc, p, nq, tok0, hkv, s3, split);
 #else
-    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(main0); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win); GGML_UNUSED(rows_lite);
+    GGML_UNUSED(src); GGML_UNUSED(win); GGML_UNUSED(p); GGML_UNUSED(win0); GGML_UNUSED(ns_main); GGML_UNUSED(rows_per_split); GGML_UNUSED(ns_win); GGML_UNUSED(rows_lite);
     GGML_UNUSED(rows_per_win_split);
     NO_DEVICE_CODE;
 #endif
@@ -582,16 +584,16 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
 template <int D, ggml_type T, ggml_type WT>
 static void launch_int2_mma_t(int nqb, const fa_source & src, const fa_source & win, const fa_params & p,
         int ns_main, int rps_main, int ns_win, int rps_win, int rps_lite, int n_groups, cudaStream_t stream) {
-    // the window's blocks are their own when there are more of them than cache splits
-    const int main0 = ns_win > ns_main ? ns_win : 0;
-    const dim3 grid(p.n_head_kv*p.ne3, std::max(main0 + ns_main, ns_win), n_groups);
+    // the window's blocks are their own, after the cache's, when there are more of them than cache splits
+    const int win0 = ns_win > ns_main ? ns_main : 0;
+    const dim3 grid(p.n_head_kv*p.ne3, std::max(ns_main, win0 + ns_win), n_groups);
     const dim3 block(WARP_SIZE, OSCAR_FA_WARPS, 1);
     // (one query a block is one token: no list; see attn-live.cu)
 #define OSCAR_MMA_CASE(N_) case N_: \
         if (src.live) launch_dependent(k_fa_int2_mma<D, T, WT, N_, (N_ > 1)>, grid, block, 0, stream, \
-            src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
+            src, win, p, win0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
         else launch_dependent(k_fa_int2_mma<D, T, WT, N_, false>, grid, block, 0, stream, \
-            src, win, p, main0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
+            src, win, p, win0, ns_main, rps_main, ns_win, rps_win, rps_lite); \
         break;
     switch (nqb) {
         OSCAR_MMA_CASE(1)
