@@ -21,11 +21,11 @@ def test_the_plan_counts_caches_and_window_stores():
     assert eq.kv_bytes_for(info, "f16", 16384, 1, 0, unified=False) == 2 * gib
     assert eq.max_sequences(info, "f16", 16 * gib, 16384, 0, unified=False) == 8
     # oscar2 (group 128: 36 bytes a row of K or V) with a 320-token window: per stream 320 + 512 slots,
-    # padded to 1024 rows plus one; unified, one store of n x 320 + 512 slots
+    # padded to a multiple of 64 (832) plus one row; unified, one store of n x 320 + 512 slots
     per_tok = 32 * 8 * 2 * 36
     per_row_f16 = 32 * 8 * 2 * 256
-    assert eq.kv_bytes_for(info, "oscar2", 16384, 3, 320, unified=False) == 3 * (per_tok * 16384 + per_row_f16 * 1025)
-    assert eq.kv_bytes_for(info, "oscar2", 16384, 3, 320, unified=True) == 3 * per_tok * 16384 + per_row_f16 * 1537
+    assert eq.kv_bytes_for(info, "oscar2", 16384, 3, 320, unified=False) == 3 * (per_tok * 16384 + per_row_f16 * 833)
+    assert eq.kv_bytes_for(info, "oscar2", 16384, 3, 320, unified=True) == 3 * per_tok * 16384 + per_row_f16 * 1473
     n_split = eq.max_sequences(info, "oscar2", 16 * gib, 16384, 320, unified=False)
     n_unified = eq.max_sequences(info, "oscar2", 16 * gib, 16384, 320, unified=True)
     assert 8 * 4 < n_split < n_unified <= eq.LLAMA_MAX_SEQ

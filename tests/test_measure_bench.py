@@ -63,7 +63,7 @@ def tiny_model(tmp_path_factory):
 
 def test_bench_on_a_tiny_synth_model(tiny_model, tmp_path, capsys):
     out = tmp_path / "out"
-    # the runtime refuses a window larger than the context (here 84 tokens, padded to 256):
+    # the runtime refuses a window larger than the context (here 84 tokens):
     # a small one, passed to the oscar2 runs only, keeps the window path in the test
     code = cli(["bench", str(tiny_model), "--types", "f16,q4_0,oscar2", "-d", "0,64", "-p", "16", "-n", "4",
                 "-r", "1", "-t", "2", "-ngl", "0", "--bandwidth", "20", "--no-progress", "-o", str(out),

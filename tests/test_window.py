@@ -15,6 +15,7 @@ import pytest
 from gguf_fixtures import PROMPT, with_rotations
 from oscar_gguf.format.gguf_read import model_info
 from oscar_gguf.llama_context import Context, LlamaError, Model
+from oscar_gguf.measure.kv_memory import WINDOW_PAD
 from oscar_gguf.runtime import LlamaServer, run_tool
 
 ATTN0 = "kqv_out_unrot-0"
@@ -148,8 +149,10 @@ def test_seq_cp_keep_add_div(model, tokens):
 def test_window_rows_follow_the_running_sequences_not_the_pool(model, tokens):
     """A unified cache sized for 32 sequences keeps 32 x (S + R) + n_ubatch slots (928 here). With one
     sequence running, retired rows beyond the spare (one ubatch) are reused before the rows in use
-    grow: in the last 100 of 400 tokens attention reads one padded block of 256 window rows, where
-    keeping every retired row would have raised it to 512. The output is what a pool for one sequence gives."""
+    grow: in the last 100 of 400 tokens attention reads at most the rows in use (S + R + one
+    ubatch) plus the spare of retired ones, padded to WINDOW_PAD, where keeping every retired row
+    would have raised them to about 400. A pool for one sequence has S + R + one ubatch slots in
+    all. The output is what that pool gives."""
     view = "oscar_window_k_l0 (view)"
     win = dict(oscar_sink=4, oscar_recent=24, n_ubatch=32, **OSCAR)
     outs, rows = [], []
@@ -162,7 +165,8 @@ def test_window_rows_follow_the_running_sequences_not_the_pool(model, tokens):
                 # the attention's view [n_stream, n_head_kv, rows, head_dim] (not the store's 2-D one)
                 rows.append(max(a.shape[-2] for a in c.captured[view][-200:] if a.shape[-3] == 3))
                 outs.append(last_attn(c))
-    assert rows == [256, 256]
+    pad = lambda n: -(-n // WINDOW_PAD) * WINDOW_PAD
+    assert rows[0] == pad(4 + 24 + 32) and rows[1] <= pad(4 + 24 + 2 * 32)
     assert rel(outs[1], outs[0]) < 1e-4
 
 
@@ -355,9 +359,6 @@ def test_window_settings_are_checked(model):
             Context(m, n_ctx=256, oscar_sink=200, oscar_recent=200, **OSCAR)  # larger than the context
 
 
-# the window store pads its slots to this many rows (HP_PAD in llama-oscar-window.cpp)
-WINDOW_ROW_PAD = 256
-
 
 def test_window_memory_is_in_the_kv_log(model, n_threads):
     n_ctx, n_ubatch = 1024, 512
@@ -367,12 +368,12 @@ def test_window_memory_is_in_the_kv_log(model, n_threads):
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-2000:]
     # the model's default window; S + R slots per sequence plus one ubatch (a prefill query reads
-    # the R positions before it from f16 too), stored as rows padded to WINDOW_ROW_PAD plus one
+    # the R positions before it from f16 too), stored as rows padded to WINDOW_PAD plus one
     # trash row, per layer a K and a V row of n_head_kv x head_dim f16 values
     info = model_info(model)
     sink, recent = info.window_sink, info.window_recent
     slots = min(n_ctx, sink + recent + n_ubatch)
-    rows = -(-slots // WINDOW_ROW_PAD) * WINDOW_ROW_PAD + 1
+    rows = -(-slots // WINDOW_PAD) * WINDOW_PAD + 1
     mib = rows * info.n_layer * info.n_head_kv * (info.head_dim_k + info.head_dim_v) * 2 / 2**20
     m = re.search(r"oscar window: sink (\d+) \+ recent (\d+) tokens per sequence in f16, (\d+) slots \((\d+) rows\) "
                   r"x 1 stream\(s\), ([0-9.]+) MiB", log)
@@ -398,8 +399,8 @@ def test_compute_buffers_are_reserved_for_a_full_window(model, n_threads):
         return float(sizes[-1])
     with_window = compute_mib([])
     without = compute_mib(["--oscar-sink", "0", "--oscar-recent", "0"])
-    # the mask's window columns alone: 512 tokens x 1024 rows (832 slots padded) x f16
-    assert with_window - without >= 0.99*512*1024*2/2**20
+    # the mask's window columns alone: 512 tokens x 832 rows (832 slots, padded) x f16
+    assert with_window - without >= 0.99*512*832*2/2**20
 
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village by the sea,",

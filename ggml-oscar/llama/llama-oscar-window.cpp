@@ -16,9 +16,12 @@
 #include <stdexcept>
 #include <string>
 
-// window rows read by attention are padded to this: with the cache's own padding of 256 cells, the
-// rows of [cache | window] stay a multiple of 256, which the tensor-core kernels expect
-static const uint32_t HP_PAD = 256;
+// the window's rows (those attention reads, and the store's) are padded to this: a whole number of
+// the decode kernels' 32-row steps, and changes of the rows in use, each a new graph, stay rare.
+// Not more: every padding row is memory of each stream's store (at the 8B shape, 256 rows of one
+// stream are 32 MiB, which at equal memory decides how many sequences fit) and a masked row that
+// each decode step scans. (The f16 prefill path pads [cache | window] to its own multiple.)
+static const uint32_t HP_PAD = 64;
 
 const llama_oscar_window * llama_oscar_window_of(const llama_kv_cache & kv) {
     const auto & o = llama_oscar_kv_access::get(kv);

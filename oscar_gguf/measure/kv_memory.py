@@ -17,7 +17,7 @@ from .settings import KVSetting
 from .tool_runs import EvalError
 
 N_UBATCH = 512    # llama.cpp's default micro-batch, for which the window store keeps spare slots
-WINDOW_PAD = 256  # llama.cpp's window store rounds its rows up to this (plus one trash row)
+WINDOW_PAD = 64  # llama.cpp's window store rounds its rows up to this (plus one trash row; HP_PAD)
 
 
 def _block(cache_type: str) -> tuple[int, int]:
@@ -103,7 +103,7 @@ def window_from_args(info: ModelInfo, oscar_args: Sequence[str]) -> int:
 
 def window_rows(window_tokens: int, n_ctx: int, n_ubatch: int = N_UBATCH) -> int:
     """Rows of llama.cpp's f16 window store for one sequence: sink + recent slots plus one
-    micro-batch more, at most n_ctx, padded to 256, plus one trash row."""
+    micro-batch more, at most n_ctx, padded to WINDOW_PAD, plus one trash row."""
     slots = min(n_ctx, window_tokens + n_ubatch)
     return -(-slots // WINDOW_PAD) * WINDOW_PAD + 1
 
