@@ -16,6 +16,9 @@
 # same). The PATCHes (gpu/candidates/*.patch) are applied to the build's copy of ggml-oscar only.
 # Output: .devbin-NAME/test-backend-ops.xz (git ignores .devbin-*/ through .git/info/exclude);
 # carry it: run(command="bash gpu/run.sh prebuilt .devbin-NAME", carry=[".devbin-NAME"]).
+# LOCAL_TARGET=llama-batched-bench builds that tool instead (the build gains llama.cpp's tools):
+# run(command="bash gpu/run.sh prebuilt .devbin-NAME trace_batched 8",
+#     carry=[".devbin-NAME", ".device/wheels", ".device/upstream.tar.xz"]).
 set -euo pipefail
 NAME=${1:?usage: gpu/build_local.sh NAME [PATCH...]}
 shift
@@ -73,9 +76,15 @@ if [ ! -f "$BUILD/build.ninja" ]; then
         -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_RPC=OFF > "$WORK/cmake.log" 2>&1 \
         || { echo "build_local: cmake failed (is cuBLAS in the toolkit?), see $WORK/cmake.log" >&2; exit 2; }
 fi
-ninja -C "$BUILD" -j"$(nproc)" test-backend-ops
+# LOCAL_TARGET: the tool to build (one a call: each is about 40 MB as .xz, most of it ggml-cuda)
+TARGET=${LOCAL_TARGET:-test-backend-ops}
+if [ "$TARGET" != test-backend-ops ] && ! grep -q "^LLAMA_BUILD_TOOLS:BOOL=ON" "$BUILD/CMakeCache.txt"; then
+    cmake "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON >> "$WORK/cmake.log" 2>&1 \
+        || { echo "build_local: cmake (tools) failed, see $WORK/cmake.log" >&2; exit 2; }
+fi
+ninja -C "$BUILD" -j"$(nproc)" "$TARGET"
 mkdir -p "$OUTDIR"
-xz -T0 -6 -c "$BUILD/bin/test-backend-ops" > "$OUTDIR/test-backend-ops.xz"
+xz -T0 -6 -c "$BUILD/bin/$TARGET" > "$OUTDIR/$TARGET.xz"
 grep -qx "/.devbin-\*/" "$ROOT/.git/info/exclude" 2> /dev/null || { mkdir -p "$ROOT/.git/info" && echo "/.devbin-*/" >> "$ROOT/.git/info/exclude"; }
-echo "build_local: $OUTDIR/test-backend-ops.xz ($(du -h "$OUTDIR/test-backend-ops.xz" | cut -f1)); on the GPU machine:"
-echo "  bash gpu/run.sh prebuilt .devbin-$NAME   (carry .devbin-$NAME)"
+echo "build_local: $OUTDIR/$TARGET.xz ($(du -h "$OUTDIR/$TARGET.xz" | cut -f1)); on the GPU machine:"
+echo "  bash gpu/run.sh prebuilt .devbin-$NAME [FUNCTION ARGS]   (carry .devbin-$NAME; with llama-batched-bench also .device/wheels and .device/upstream.tar.xz)"

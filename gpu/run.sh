@@ -28,8 +28,9 @@
 #   bash gpu/run.sh ab REF        the working tree's kernels against REF/ggml-oscar (a carried directory), or
 #                                 against themselves with the patch REF (gpu/ab/*.patch), end to end, alternating
 #                                 in one call (AB_RUNS, AB_ROUNDS, AB_REPS; AB_TOOL=batched: llama-batched-bench)
-#   bash gpu/run.sh prebuilt DIR  no build: DIR/test-backend-ops.xz from gpu/build_local.sh (carry DIR), then
-#                                 the FLASH_ATTN_EXT cases and the perf cases
+#   bash gpu/run.sh prebuilt DIR [FUNCTION ARGS]  no build: the tools in DIR from gpu/build_local.sh (carry
+#                                 DIR): test-backend-ops runs the FLASH_ATTN_EXT cases and the perf cases;
+#                                 with llama-batched-bench, FUNCTION runs on it (batched 16384, trace_batched 8)
 #
 # Needs what gpu/pack.py puts into .device/ (carry it). Logs and results go to $OUT.
 set -uo pipefail
@@ -603,17 +604,31 @@ perf() {
     done
 }
 
-# prebuilt DIR: test-backend-ops built on the CPU machine (gpu/build_local.sh: static, sm_90), in
-# about 35 s a call instead of a 290-380 s build
+# prebuilt DIR [FUNCTION ARGS...]: tools built on the CPU machine (gpu/build_local.sh: static,
+# sm_90), in seconds instead of a 290-380 s build. With test-backend-ops: the FLASH_ATTN_EXT
+# checks and the perf cases; with llama-batched-bench: FUNCTION (batched, trace_batched) on it
 prebuilt() {
-    local dir=${1:?prebuilt: the carried directory}
+    local dir=${1:?prebuilt: the carried directory} f
+    shift
     B=/tmp/oscar-prebuilt
     mkdir -p "$B/bin"
-    xz -dc "$dir/test-backend-ops.xz" > "$B/bin/test-backend-ops" && chmod +x "$B/bin/test-backend-ops" || return 1
-    # cuBLAS of the machine's toolkit (the binary links libcublas.so.13 dynamically)
+    for f in "$dir"/*.xz; do
+        xz -dc "$f" > "$B/bin/$(basename "$f" .xz)" && chmod +x "$B/bin/$(basename "$f" .xz)" || return 1
+    done
+    # cuBLAS of the machine's toolkit (the binaries link libcublas.so.13 dynamically)
     export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-    backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$(basename "$dir").log"
-    perf_once "$(basename "$dir")"
+    if [ -f "$dir/test-backend-ops.xz" ]; then
+        backend_ops FLASH_ATTN_EXT "test-backend-ops-fa-$(basename "$dir").log"
+        perf_once "$(basename "$dir")"
+    fi
+    if [ $# -gt 0 ]; then
+        # the pinned tree (its vocab files, for synth_model): carry .device/upstream.tar.xz
+        if [ ! -d "$TREE" ]; then
+            mkdir -p "$OSCAR_CACHE_DIR/src" && tar -xmf .device/upstream.tar.xz -C "$OSCAR_CACHE_DIR/src" || return 1
+        fi
+        [ "$1" != trace_batched ] || cupti_injection || return 1
+        "$@"
+    fi
 }
 
 # apply_patch FILE [-R]: patch(1), or git apply where the machine has no patch
@@ -683,7 +698,7 @@ case "${1:-all}" in
     perf)  build && perf ;;
     trace) build && trace ;;
     ab)    ab "${2:-}" ;;
-    prebuilt) prebuilt "${2:-}" ;;
+    prebuilt) shift; prebuilt "$@" ;;
     all)   build && assemble && test_gpu && bench "${2:-}" ;;
 esac
 cat "$OUT/summary.txt" 2>/dev/null | tail -40
