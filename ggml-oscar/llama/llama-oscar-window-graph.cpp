@@ -206,16 +206,32 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
         const llama_pos sink = (llama_pos) w.sink;
         const llama_pos from = w.recent > 0 ? (llama_pos) std::max<int64_t>(sink, (int64_t) q_min - (int64_t) w.recent + 1)
                                             : std::numeric_limits<llama_pos>::max();
-        if (one_seq_per_stream) {
+        // one stream per sequence: the stream's slots are all the sequence's; fn(k, c, p) for each
+        // that some token of the run may read
+        auto each_slot = [&](auto && fn) {
             for (int64_t k = 0; k < std::min<int64_t>(n_k, st.high); ++k) {
                 const int32_t c = st.slot_cell[k];
                 if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
                     const llama_pos p = cells.pos_get(c);
                     if (p < sink || p >= from) {
-                        list.push_back({ k, c, p });
+                        fn(k, c, p);
                     }
                 }
             }
+        };
+        if (one_seq_per_stream && i1 == i0 + 1) {
+            // one token (a decode step) reads every slot listed: its row is patched in the scan
+            T * row = data + i0*W;
+            std::fill(row + n_kv, row + W, drop);
+            each_slot([&](int64_t k, int32_t c, llama_pos) {
+                row[n_kv + k] = row[c];
+                row[c] = drop;
+            });
+            i0 = i1;
+            continue;
+        }
+        if (one_seq_per_stream) {
+            each_slot([&](int64_t k, int32_t c, llama_pos p) { list.push_back({ k, c, p }); });
         } else {
             take(by_pos.begin(), by_pos.lower_bound({ sink, 0 }));
             take(by_pos.lower_bound({ from, 0 }), by_pos.end());
