@@ -156,9 +156,9 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
         // SM (or several, split_waves), and the first blocks also take a chunk of the window each
         // (see k_fa_int2_mma), or with fewer cache splits than window chunks (small depths, many
-        // streams) the window's chunks are blocks of their own, after the cache's (attn-mma.cu). A chunk is one 32-row step of each warp
-        // (fa_window_rows_f16): its rows cost about what one step costs, so smaller chunks would
-        // only add partials. Most window rows are masked (the view spans every slot a prefill's
+        // streams) the window's chunks are blocks of their own, after the cache's (attn-mma.cu).
+        // A chunk is one 32-row step of each warp (fa_window_rows_f16): its rows cost about what
+        // one step costs, so smaller chunks would only add partials. Most window rows are masked (the view spans every slot a prefill's
         // ubatch used, 832 rows after a 512-token ubatch, of which sink + recent are live) and
         // cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
