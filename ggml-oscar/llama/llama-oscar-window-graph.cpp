@@ -164,6 +164,8 @@ void llama_oscar_window_attach(ggml_tensor * fa, const llama_oscar_fa_window & w
 // holds one sequence (one stream per sequence), every slot in use is of that sequence, and the
 // stream's slots are scanned instead: an array in slot order, where the sequence's cells by
 // position are nodes of a tree (39 streams a step: 36 ns an entry, most of the window's host time).
+// A run of one token (every sequence's at decode) reads every cell found, so its row is patched as
+// they are found, with no list.
 template <typename T>
 static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, const llama_ubatch * ubatch,
         int64_t n_kv, ggml_tensor * dst) {
@@ -175,6 +177,11 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
     const T drop = llama_cast<T>(-INFINITY);
 
     struct owner { int64_t k; int64_t c; llama_pos pos; }; // window slot k, its cell c
+    // the token's row reads cell c from window slot k: its value moves to the slot's column
+    auto to_window = [&](T * row, int64_t k, int64_t c) {
+        row[n_kv + k] = row[c];
+        row[c] = drop;
+    };
     std::vector<owner> list;
     const int64_t n_k = std::min<int64_t>(n_hp, w.n_slots); // padding rows are never visible
     const bool one_seq_per_stream = llama_oscar_kv_access::n_stream(kv) > 1;
@@ -193,57 +200,53 @@ static void fill_mask(const llama_kv_cache & kv, const llama_oscar_window & w, c
         const auto &   cells = v_cells[strm];
         const auto &   st    = w.streams[strm];
         const auto &   by_pos = cells.seq_pos_get(seq);
-        list.clear();
-        auto take = [&](auto it, auto end) {
-            for (; it != end; ++it) {
-                const int64_t c = it->second;
-                const int32_t k = c < n_kv ? st.cell_slot[c] : -1;
-                if (k >= 0 && k < n_k) {
-                    list.push_back({ k, c, it->first });
-                }
-            }
-        };
         const llama_pos sink = (llama_pos) w.sink;
         const llama_pos from = w.recent > 0 ? (llama_pos) std::max<int64_t>(sink, (int64_t) q_min - (int64_t) w.recent + 1)
                                             : std::numeric_limits<llama_pos>::max();
-        // one stream per sequence: the stream's slots are all the sequence's; fn(k, c, p) for each
-        // that some token of the run may read
-        auto each_slot = [&](auto && fn) {
+        // each cell found (slot k, cell c at position p) goes to the list, or where the run is one
+        // token (a decode step), which reads every cell found, straight into its row
+        T * const row1 = i1 == i0 + 1 ? data + i0*W : nullptr;
+        if (row1) {
+            std::fill(row1 + n_kv, row1 + W, drop);
+        }
+        list.clear();
+        auto found = [&](int64_t k, int64_t c, llama_pos p) {
+            if (row1) {
+                to_window(row1, k, c);
+            } else {
+                list.push_back({ k, c, p });
+            }
+        };
+        if (one_seq_per_stream) {
             for (int64_t k = 0; k < std::min<int64_t>(n_k, st.high); ++k) {
                 const int32_t c = st.slot_cell[k];
                 if (c >= 0 && c < n_kv && !cells.is_empty(c)) {
                     const llama_pos p = cells.pos_get(c);
                     if (p < sink || p >= from) {
-                        fn(k, c, p);
+                        found(k, c, p);
                     }
                 }
             }
-        };
-        if (one_seq_per_stream && i1 == i0 + 1) {
-            // one token (a decode step) reads every slot listed: its row is patched in the scan
-            T * row = data + i0*W;
-            std::fill(row + n_kv, row + W, drop);
-            each_slot([&](int64_t k, int32_t c, llama_pos) {
-                row[n_kv + k] = row[c];
-                row[c] = drop;
-            });
-            i0 = i1;
-            continue;
-        }
-        if (one_seq_per_stream) {
-            each_slot([&](int64_t k, int32_t c, llama_pos p) { list.push_back({ k, c, p }); });
         } else {
+            auto take = [&](auto it, auto end) {
+                for (; it != end; ++it) {
+                    const int64_t c = it->second;
+                    const int32_t k = c < n_kv ? st.cell_slot[c] : -1;
+                    if (k >= 0 && k < n_k) {
+                        found(k, c, it->first);
+                    }
+                }
+            };
             take(by_pos.begin(), by_pos.lower_bound({ sink, 0 }));
             take(by_pos.lower_bound({ from, 0 }), by_pos.end());
         }
-        for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t i = i0; i < i1 && !row1; ++i) {
             const llama_pos q = ubatch->pos[i];
             T * row = data + i*W;
             std::fill(row + n_kv, row + W, drop);
             for (const owner & e : list) {
                 if (llama_oscar_window_reads(w, e.pos, q)) {
-                    row[n_kv + e.k] = row[e.c];
-                    row[e.c] = drop;
+                    to_window(row, e.k, e.c);
                 }
             }
         }
