@@ -54,7 +54,7 @@ def test_kv_size_includes_the_window_store():
            "llama_oscar_window_init: oscar window: sink 64 + recent 256 tokens per sequence in f16, "
            "832 slots x 1 stream(s), 18.28 MiB\n")
     assert ev.kv_total_mib(log) == (20.04, 18.28)
-    # the line as the window store prints it now (rows padded for the CUDA kernels)
+    # the line as the window store prints it now (slots and the rows they are padded to)
     log2 = log.replace("832 slots x", "832 slots (833 rows) x")
     assert ev.kv_total_mib(log2) == (20.04, 18.28)
     assert ev.kv_total_mib(log.splitlines()[0]) == (1.76, None)

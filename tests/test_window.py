@@ -359,7 +359,6 @@ def test_window_settings_are_checked(model):
             Context(m, n_ctx=256, oscar_sink=200, oscar_recent=200, **OSCAR)  # larger than the context
 
 
-
 def test_window_memory_is_in_the_kv_log(model, n_threads):
     n_ctx, n_ubatch = 1024, 512
     r = run_tool("llama-cli", ["-m", model, "-p", "Hi", "-n", "1", "-c", n_ctx, "-ub", n_ubatch, "-ctk", "oscar2",
