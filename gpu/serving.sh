@@ -9,7 +9,8 @@
 # batched [NPP]: many sequences decoding together (llama-batched-bench, prompts of NPP tokens,
 # default 4096, then 32 decode steps), f16 against oscar2 in one call: a unified cache (-kvu,
 # llama-server's default) at BATCH_UNIFIED sequences, and one stream per sequence at BATCH_SPLIT
-# (defaults below); prints S_TG (decode tokens/s over all sequences) per row with oscar2/f16
+# (defaults below); prints S_TG (decode tokens/s over all sequences) per row with oscar2/f16.
+# BATCH_OSCAR_ARGS go to the oscar2 runs only (e.g. "--oscar-sink 0 --oscar-recent 0": no window)
 batched() {
     local npp=${1:-4096} M T kvu npl maxb tag
     pyenv
@@ -19,7 +20,7 @@ batched() {
         maxb=$(tr ',' '\n' <<< "$npl" | sort -n | tail -1)
         for T in ${BATCH_TYPES:-f16 oscar2}; do
             "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((maxb*(npp + 64))) -npp $npp -ntg 32 -npl $npl \
-                -ctk $T -ctv $T > "$OUT/batched_${tag}_$T.txt" 2> "$OUT/batched_${tag}_$T.err" \
+                -ctk $T -ctv $T $([ $T != oscar2 ] || echo ${BATCH_OSCAR_ARGS:-}) > "$OUT/batched_${tag}_$T.txt" 2> "$OUT/batched_${tag}_$T.err" \
                 || log "batched $tag $T failed: $(tail -2 "$OUT/batched_${tag}_$T.err" | tr '\n' ' ')"
         done
     done

@@ -22,17 +22,29 @@ import subprocess
 import sys
 
 
-def load(path: str) -> list[tuple]:
-    recs = []
+def load(path: str) -> tuple[list[tuple], list[tuple]]:
+    """The device records (kernels, copies, memsets) by start, and the graph launches (start, end)."""
+    recs, launches = [], []
     for line in open(path):
         f = line.rstrip("\n").split("\t")
         if f[0] == "D":
             sys.exit(f"{path}: CUPTI dropped {f[1]} records; the trace has holes")
         if f[0] in ("K", "C", "S"):
             recs.append((f[0], int(f[1]), int(f[2]), f[6] if f[0] == "K" else f[5], f[6] if f[0] != "K" else ""))
+        elif f[0] == "R" and f[6].startswith("cudaGraphLaunch"):
+            launches.append((int(f[1]), int(f[2])))
     if not recs:
         sys.exit(f"{path}: no records (was the injection library loaded?)")
-    return sorted(recs, key=lambda r: r[1])
+    return sorted(recs, key=lambda r: r[1]), launches
+
+
+def median(x: list[float]) -> float:
+    return sorted(x)[len(x)//2] if x else float("nan")
+
+
+def graph_launch_us(cs: list[list[tuple]], launches: list[tuple]) -> float:
+    """Median duration of the graph launch that begins within each call, us (nan: no API records)."""
+    return median([(e - s)/1e3 for c in cs for s, e in launches if c[0][2] <= s < c[-1][1]])
 
 
 def short_names(mangled: set[str]) -> dict[str, str]:
@@ -77,12 +89,11 @@ def host_gaps(cs: list[list[tuple]]) -> tuple[float, float]:
         if copies:
             before.append(copies[0][1] - c[0][2])
             inputs.append(first_k[1] - max(r[2] for r in copies))
-    med = lambda x: sorted(x)[len(x)//2]/1e3 if x else float("nan")
-    return med(before), med(inputs)
+    return median(before)/1e3, median(inputs)/1e3
 
 
 def summarize(path: str, n: int):
-    recs = load(path)
+    recs, launches = load(path)
     cs = calls(recs, n)
     names = short_names({r[3] for c in cs for r in c if r[0] == "K"})
     t, cnt = collections.Counter(), collections.Counter()
@@ -94,17 +105,18 @@ def summarize(path: str, n: int):
             key = names[r[3]] if r[0] == "K" else {"C": "(copy kind " + r[3] + ")", "S": "(memset)"}[r[0]]
             t[key] += (r[2] - r[1])/1e3/n
             cnt[key] += 1
-    return wall/1e3/n, busy/1e3/n, t, cnt, host_gaps(cs)
+    return wall/1e3/n, busy/1e3/n, t, cnt, host_gaps(cs), graph_launch_us(cs, launches)
 
 
 def main():
     n = int(sys.argv[1])
     res = [(p, summarize(p, n)) for p in sys.argv[2:4]]
-    for p, (wall, busy, t, cnt, (before, inputs)) in res:
+    for p, (wall, busy, t, cnt, (before, inputs), launch) in res:
         print(f"{p}: last {n} call(s), per call: wall {wall:.1f} us, GPU busy {busy:.1f} us, "
               f"GPU idle {wall - busy:.1f} us, {sum(cnt.values())/n:.0f} launches, kernel time {sum(t.values()):.1f} us; "
-              f"host gaps (medians): before the inputs {before:.1f} us, inputs to first kernel {inputs:.1f} us")
-    (_, (_, _, ta, ca, _)), (_, (_, _, tb, cb, _)) = res[0], res[-1]
+              f"host gaps (medians): before the inputs {before:.1f} us, inputs to first kernel {inputs:.1f} us"
+              + (f"; graph launch (median) {launch:.1f} us" if launch == launch else ""))
+    (_, (_, _, ta, ca, _, _)), (_, (_, _, tb, cb, _, _)) = res[0], res[-1]
     keys = sorted(set(ta) | set(tb), key=lambda k: -(ta[k] - tb[k]) if len(res) > 1 else -ta[k])
     for k in keys:
         if len(res) == 1:
