@@ -8,7 +8,9 @@ through ggml's own CPU type traits of the installed patched build (`from_float`,
 quantization of a cache write, and `vec_dot`, the K·Q product of CPU flash attention),
 single-threaded, on the same Gaussian data, one long row per call so that the ctypes call
 costs nothing next to the kernel. oscar2 is measured for both block sizes: G=128 (head_dim
->= 128) and G=64 (head_dim 64, the bundled model).
+>= 128) and G=64 (head_dim 64, the bundled model). A cache write of oscar2 also clips each
+group at the layer's clip ratio, which `from_float` (no clip) does not: the last rows time that
+write at the reference ratios of K (0.96) and V (0.92).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 
 import numpy as np
 
+from oscar_gguf.format.gguf_keys import DEFAULT_CLIP_K, DEFAULT_CLIP_V
 from oscar_gguf.format.oscar2 import OSCAR2_64_TYPE_ID, OSCAR2_TYPE_ID
 from oscar_gguf.ggml_ctypes import GGML
 
@@ -59,6 +62,12 @@ def main() -> int:
     print(f"{'type':10s} {'bits/el':>8s} {'quantize Mel/s':>15s} {'vs q4_0':>8s} {'vec_dot Mel/s':>14s} {'vs q4_0':>8s}")
     for name, (qr, dr, bits) in rows.items():
         print(f"{name:10s} {bits:8.2f} {qr:15.1f} {qr / base[0]:7.2f}x {dr:14.1f} {dr / base[1]:7.2f}x")
+    print(f"{'cache write':16s} {'quantize Mel/s':>15s} {'vs q4_0':>8s}")
+    for group in (128, 64):
+        for side, clip in (("K", DEFAULT_CLIP_K), ("V", DEFAULT_CLIP_V)):
+            qs = best_of(args.reps, lambda: g.oscar2_quantize(x, group, clip))
+            qr = n / qs / 1e6
+            print(f"G={group:<3d} {side} c={clip:.2f} {qr:15.1f} {qr / base[0]:7.2f}x")
     return 0
 
 

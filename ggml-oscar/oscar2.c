@@ -52,7 +52,31 @@ float oscar2_fp16_to_fp32(uint16_t h) {
 
 // ---- k-th smallest of n non-negative finite floats (in place) -----------------------------
 
+#define OSCAR_TOP_MAX 16 // kth_smallest keeps the largest values in a list up to this many
+
+// The k-th smallest (from 0) of a[0..n). With a clip ratio near 1, the usual case, only
+// m = n - k values lie at or above it: the m largest are then kept in a list, largest first,
+// in one pass, and the answer is the list's last. Otherwise quickselect, which reorders a.
+// Both give the same value; for a few kept values one pass with a short list costs far less than
+// quickselect's partitions of the whole group.
 static float kth_smallest(float * a, int n, int k) {
+    const int m = n - k;
+    if (m <= OSCAR_TOP_MAX) {
+        float top[OSCAR_TOP_MAX];
+        int c = 0;
+        for (int i = 0; i < n; ++i) {
+            const float x = a[i];
+            if (c == m && !(x > top[m - 1])) {
+                continue;
+            }
+            int j = c < m ? c++ : m - 1;
+            for (; j > 0 && top[j - 1] < x; --j) {
+                top[j] = top[j - 1];
+            }
+            top[j] = x;
+        }
+        return top[m - 1];
+    }
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         const float pivot = a[(lo + hi) >> 1];
@@ -105,12 +129,17 @@ static void quantize_group(const float * x, int G, float clip, uint16_t * d_out,
         }
     }
 
-    // 2. range, saturated to fp16
-    float mn = v[0], mx = v[0];
-    for (int i = 1; i < G; ++i) {
-        if (v[i] < mn) mn = v[i];
-        if (v[i] > mx) mx = v[i];
+    // 2. range, saturated to fp16 (four running minima and maxima, not one chain of compares:
+    //    exact in any order, as no value is NaN or -0 here; G is a multiple of 4)
+    float mn4[4] = { v[0], v[1], v[2], v[3] }, mx4[4] = { v[0], v[1], v[2], v[3] };
+    for (int i = 4; i < G; i += 4) {
+        for (int e = 0; e < 4; ++e) {
+            mn4[e] = v[i + e] < mn4[e] ? v[i + e] : mn4[e];
+            mx4[e] = v[i + e] > mx4[e] ? v[i + e] : mx4[e];
+        }
     }
+    float mn = fminf(fminf(mn4[0], mn4[1]), fminf(mn4[2], mn4[3]));
+    float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
     float d = (mx - mn) / 3.0f;
     if (!(d <= OSCAR_FP16_MAX)) d = OSCAR_FP16_MAX; // also catches inf from mx - mn overflow
     if (mn < -OSCAR_FP16_MAX) mn = -OSCAR_FP16_MAX;
@@ -126,11 +155,15 @@ static void quantize_group(const float * x, int G, float clip, uint16_t * d_out,
     const float t2 = mf + 1.5f*df;
     const float t3 = mf + 2.5f*df;
 
+    // value i = s*nb + j goes to bits 2s, 2s+1 of byte j (by quarters: no division per value)
     const int nb = G/4;
     memset(qs, 0, (size_t) nb);
-    for (int i = 0; i < G; ++i) {
-        const uint8_t q = (uint8_t) ((v[i] >= t1) + (v[i] >= t2) + (v[i] >= t3));
-        qs[i % nb] |= (uint8_t) (q << (2*(i / nb)));
+    for (int s = 0; s < 4; ++s) {
+        const float * vs = v + s*nb;
+        for (int j = 0; j < nb; ++j) {
+            const uint8_t q = (uint8_t) ((vs[j] >= t1) + (vs[j] >= t2) + (vs[j] >= t3));
+            qs[j] |= (uint8_t) (q << (2*s));
+        }
     }
     *d_out = dh;
     *m_out = mh;

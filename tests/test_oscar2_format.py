@@ -8,7 +8,10 @@ import pytest
 from oscar_gguf.format import oscar2 as quant
 from oscar_gguf.ggml_ctypes import GGML
 
-CLIPS = [1.0, 0.96, 0.92, 0.8]
+# the reference pair, and ratios that leave 1, 16 and 17 values above the clip threshold of a
+# group of 128 (0.999, 0.875, 0.8671875) or of 64 (0.75, 0.734375): the C reference finds the
+# threshold by a list of the largest values up to 16 of them, by quickselect beyond
+CLIPS = [1.0, 0.96, 0.92, 0.8, 0.999, 0.875, 0.8671875, 0.75, 0.734375]
 GROUPS = [64, 128]
 
 
