@@ -2,8 +2,9 @@
 
 Load: -np 8, a bounded concurrent client (OSCAR_LOAD_REQUESTS requests, default 32, 8 at a time),
 mixed prompt lengths, every 8th request streamed and dropped after two chunks. Everything must
-complete, every finished greedy answer must equal the same request sent alone, the server must
-end idle, and its RSS must stay flat from the first round to the second.
+complete, every finished greedy answer must keep to the same request sent alone (up to a near-tie,
+see TIE_NATS), the server must end idle, and its RSS must stay flat from the first round to the
+second.
 
 Faults: a client that disconnects mid-generation, a request larger than the context, a full KV
 cache with context shift disabled, SIGTERM during generation, and a saved slot restored under a
@@ -64,6 +65,32 @@ def body(prompt: str, n: int = N_PREDICT, **kw) -> dict:
 
 
 LONG = dict(ignore_eos=True)  # a generation that does not end before the test acts on it
+GREEDY = dict(n_probs=5)      # each step's top five tokens, for keeps_to
+
+# A request sent beside others may reach the model in other ubatches than when sent alone (the
+# server splits and batches the prompts of its slots as they come), and llama.cpp's CPU flash
+# attention sums differently by ubatch: 64 query rows or more take its tiled path, fewer the
+# row-by-row one, for an f16 cache as well (which parts from its sequential answers too). So a
+# greedy answer keeps to its sequential run up to a step where it takes a token that the run
+# rated within TIE_NATS of its own choice, a near-tie: twice the largest change of a top token's
+# log-probability between the ubatch shapes (0.37 nats: these prompts sent alone with ubatches of
+# 512 and of 16 tokens, on the steps before any parting; 0.14 with an f16 cache:
+# benchmarks/server_partings.py).
+TIE_NATS = 0.75
+
+
+def steps(r: dict) -> list[tuple[int, dict[int, float]]]:
+    """Per generated token: its id and the log-probabilities of the step's top tokens."""
+    return [(p["id"], {t["id"]: t["logprob"] for t in p["top_logprobs"]}) for p in r.get("completion_probabilities", [])]
+
+
+def keeps_to(alone: list[tuple[int, dict[int, float]]], beside: list[tuple[int, dict[int, float]]]) -> str | None:
+    """None where `beside` is `alone`, or parts from it at a near-tie; else how it parts."""
+    for i, ((a, top), (b, _)) in enumerate(zip(alone, beside)):
+        if a != b:
+            lead = top[a] - top[b] if b in top else float("inf")
+            return None if lead < TIE_NATS else f"step {i}: token {b} where alone {a} led it by {lead:.3f} nats"
+    return None if len(alone) == len(beside) else f"{len(beside)} tokens where alone {len(alone)}"
 
 
 def post(port: int, path: str, payload: dict, timeout: float = HTTP_TIMEOUT) -> tuple[int, dict]:
@@ -127,8 +154,8 @@ def run_round(port: int, jobs: list[tuple[int, bool]]) -> dict:
         if cancel:
             got = stream_and_drop(port, body(PROMPTS[pi], n=200, **LONG))
             return i, {"cancelled": True, "chunks": got, "latency": time.monotonic() - t0}
-        status, r = post(port, "/completion", body(PROMPTS[pi]))
-        return i, {"status": status, "content": r.get("content"), "n": r.get("tokens_predicted", 0),
+        status, r = post(port, "/completion", body(PROMPTS[pi], **GREEDY))
+        return i, {"status": status, "content": r.get("content"), "steps": steps(r), "n": r.get("tokens_predicted", 0),
                    "latency": time.monotonic() - t0, "prompt": pi}
 
     t0 = time.monotonic()
@@ -146,9 +173,9 @@ def test_server_under_load(model):
     with LlamaServer(model, args, start_timeout=180) as srv:
         alone = {}
         for pi in sorted({pi for pi, c in jobs if not c}):
-            status, r = post(srv.port, "/completion", body(PROMPTS[pi]))
+            status, r = post(srv.port, "/completion", body(PROMPTS[pi], **GREEDY))
             assert status == 200, r
-            alone[pi] = r["content"]
+            alone[pi] = (r["content"], steps(r))
         rss = [rss_mib(srv.proc.pid)]
         rounds = []
         for _ in range(2):
@@ -160,7 +187,7 @@ def test_server_under_load(model):
 
     figures = {"requests_per_round": N_REQUESTS, "concurrency": CONCURRENCY, "n_predict": N_PREDICT,
                "threads": int(THREADS), "rss_mib": [round(x, 1) for x in rss]}
-    mismatches = []
+    mismatches, at_ties = [], 0
     for k, rd in enumerate(rounds):
         res = rd["results"]
         assert len(res) == N_REQUESTS, "every request must complete"
@@ -168,7 +195,14 @@ def test_server_under_load(model):
         cancelled = [r for r in res.values() if r.get("cancelled")]
         assert all(r["status"] == 200 for r in done)
         assert all(r["chunks"] >= 1 for r in cancelled), "a streamed request produced nothing before the drop"
-        mismatches += [(r["prompt"], r["content"], alone[r["prompt"]]) for r in done if r["content"] != alone[r["prompt"]]]
+        for r in done:
+            text, st = alone[r["prompt"]]
+            if r["content"] != text:
+                how = keeps_to(st, r["steps"])
+                if how is None:
+                    at_ties += 1
+                else:
+                    mismatches.append((r["prompt"], how, r["content"], text))
         lat = [r["latency"] for r in done]
         toks = sum(r["n"] for r in done)
         figures[f"round{k + 1}"] = {"wall_s": round(rd["wall"], 2), "completed": len(done), "cancelled": len(cancelled),
@@ -178,8 +212,9 @@ def test_server_under_load(model):
                                     "latency_p90_s": round(percentile(lat, 0.90), 2),
                                     "latency_p99_s": round(percentile(lat, 0.99), 2)}
     figures["greedy_mismatches"] = len(mismatches)
+    figures["greedy_partings_at_near_ties"] = at_ties
     record("server_load", figures)
-    assert not mismatches, f"{len(mismatches)} answers differ from the sequential run, e.g. {mismatches[0]}"
+    assert not mismatches, f"{len(mismatches)} answers part from the sequential run other than at a near-tie, e.g. {mismatches[0]}"
     growth = rss[2] - rss[1]
     assert growth <= RSS_TOLERANCE_MIB, f"RSS grew by {growth:.1f} MiB from round 1 to round 2 ({rss})"
 
