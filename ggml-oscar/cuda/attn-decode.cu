@@ -138,9 +138,12 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
             const int64_t blocks = (int64_t) base*n;
             return (double) blocks/(double) (((blocks + slots - 1)/slots)*slots);
         };
+        if (fill(n_split) >= 0.9) {
+            return;
+        }
         const int n_max = std::min(8*n_split, std::max(1, n_rows/n_groups/OSCAR_WAVE_MIN_ROWS));
         int best = n_split;
-        for (int n = n_split + 1; n <= n_max && fill(n_split) < 0.9; ++n) {
+        for (int n = n_split + 1; n <= n_max; ++n) {
             if (fill(n) > fill(best) + 0.05) {
                 best = n;
             }
@@ -158,9 +161,9 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         // (see k_fa_int2_mma), or with fewer cache splits than window chunks (small depths, many
         // streams) the window's chunks are blocks of their own, after the cache's (attn-mma.cu).
         // A chunk is one 32-row step of each warp (fa_window_rows_f16): its rows cost about what
-        // one step costs, so smaller chunks would only add partials. Most window rows are masked (the view spans every slot a prefill's
-        // ubatch used, 832 rows after a 512-token ubatch, of which sink + recent are live) and
-        // cost only their mask.
+        // one step costs, so smaller chunks would only add partials. Most window rows are masked
+        // (the view spans every slot a prefill's ubatch used, 832 rows after a 512-token ubatch,
+        // of which sink + recent are live) and cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         split_waves((int) K->ne[1], OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         if (Kw) {
