@@ -15,7 +15,7 @@ import pytest
 from gguf_fixtures import PROMPT, with_rotations
 from oscar_gguf.format.gguf_read import model_info
 from oscar_gguf.llama_context import Context, LlamaError, Model
-from oscar_gguf.measure.kv_memory import WINDOW_PAD
+from oscar_gguf.measure.kv_memory import padded_window_rows, window_rows
 from oscar_gguf.runtime import LlamaServer, run_tool
 
 ATTN0 = "kqv_out_unrot-0"
@@ -150,7 +150,7 @@ def test_window_rows_follow_the_running_sequences_not_the_pool(model, tokens):
     """A unified cache sized for 32 sequences keeps 32 x (S + R) + n_ubatch slots (928 here). With one
     sequence running, retired rows beyond the spare (one ubatch) are reused before the rows in use
     grow: in the last 100 of 400 tokens attention reads at most the rows in use (S + R + one
-    ubatch) plus the spare of retired ones, padded to WINDOW_PAD, where keeping every retired row
+    ubatch) plus the spare of retired ones, padded (padded_window_rows), where keeping every retired row
     would have raised them to about 400. A pool for one sequence has S + R + one ubatch slots in
     all. The output is what that pool gives."""
     view = "oscar_window_k_l0 (view)"
@@ -165,8 +165,7 @@ def test_window_rows_follow_the_running_sequences_not_the_pool(model, tokens):
                 # the attention's view [n_stream, n_head_kv, rows, head_dim] (not the store's 2-D one)
                 rows.append(max(a.shape[-2] for a in c.captured[view][-200:] if a.shape[-3] == 3))
                 outs.append(last_attn(c))
-    pad = lambda n: -(-n // WINDOW_PAD) * WINDOW_PAD
-    assert rows[0] == pad(4 + 24 + 32) and rows[1] <= pad(4 + 24 + 2 * 32)
+    assert rows[0] == padded_window_rows(4 + 24 + 32) and rows[1] <= padded_window_rows(4 + 24 + 2 * 32)
     assert rel(outs[1], outs[0]) < 1e-4
 
 
@@ -372,7 +371,7 @@ def test_window_memory_is_in_the_kv_log(model, n_threads):
     info = model_info(model)
     sink, recent = info.window_sink, info.window_recent
     slots = min(n_ctx, sink + recent + n_ubatch)
-    rows = -(-slots // WINDOW_PAD) * WINDOW_PAD + 1
+    rows = window_rows(sink + recent, n_ctx, n_ubatch)
     mib = rows * info.n_layer * info.n_head_kv * (info.head_dim_k + info.head_dim_v) * 2 / 2**20
     m = re.search(r"oscar window: sink (\d+) \+ recent (\d+) tokens per sequence in f16, (\d+) slots \((\d+) rows\) "
                   r"x 1 stream\(s\), ([0-9.]+) MiB", log)

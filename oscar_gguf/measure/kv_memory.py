@@ -101,11 +101,15 @@ def window_from_args(info: ModelInfo, oscar_args: Sequence[str]) -> int:
 
 # ---- the f16 window store and a whole sequence --------------------------------------------------
 
+def padded_window_rows(slots: int) -> int:
+    """Window slots as the rows llama.cpp stores and attends over: rounded up to WINDOW_PAD."""
+    return -(-slots // WINDOW_PAD) * WINDOW_PAD
+
+
 def window_rows(window_tokens: int, n_ctx: int, n_ubatch: int = N_UBATCH) -> int:
     """Rows of llama.cpp's f16 window store for one sequence: sink + recent slots plus one
     micro-batch more, at most n_ctx, padded to WINDOW_PAD, plus one trash row."""
-    slots = min(n_ctx, window_tokens + n_ubatch)
-    return -(-slots // WINDOW_PAD) * WINDOW_PAD + 1
+    return padded_window_rows(min(n_ctx, window_tokens + n_ubatch)) + 1
 
 
 def kv_bytes(info: ModelInfo, cache_type: str, n_ctx: int, window_tokens: int = 0) -> dict:
