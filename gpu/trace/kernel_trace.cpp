@@ -15,6 +15,8 @@
 //   S  start_ns  end_ns  stream  graph_id  0  bytes                (memset)
 //   R  start_ns  end_ns  thread  0  0  api_name                     (with OSCAR_TRACE_API=1: runtime and
 //                                                                  driver calls, host time, same clock)
+// OSCAR_TRACE_KERNELS=0 records no K lines (with OSCAR_TRACE_API=1: launches timed without the
+// per-kernel records' own host cost).
 #include <cupti.h>
 
 #include <cstdio>
@@ -105,8 +107,13 @@ extern "C" int InitializeInjection(void) {
         return 1;
     }
     bool ok = check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
-    // the concurrent kind: the plain kernel kind would serialize the kernels it records
-    ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
+    // the concurrent kind: the plain kernel kind would serialize the kernels it records.
+    // OSCAR_TRACE_KERNELS=0 leaves kernels out: recording them adds to each launch's host time,
+    // so the API records alone time the launches as they are without the tracer
+    const char * kernels = getenv("OSCAR_TRACE_KERNELS");
+    if (!kernels || atoi(kernels)) {
+        ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
+    }
     ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy");
     ok = ok && check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset");
     if (ok && getenv("OSCAR_TRACE_API") && atoi(getenv("OSCAR_TRACE_API"))) {
