@@ -72,6 +72,19 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
         }
         return live;
     };
+    // the queries' values this thread puts in shared memory (below), loaded first: their loads
+    // are in flight while the prefetch loop waits for the mask
+    constexpr int QD = (D + OSCAR_FA_WARPS*WARP_SIZE - 1)/(OSCAR_FA_WARPS*WARP_SIZE);
+    float qv[NQ][QD];
+#pragma unroll
+    for (int j = 0; j < NQ; ++j) {
+        const float * qp = (const float *) (p.Q + (tok0 + jt[j])*p.nbq1 + (hkv*p.gqa + jh[j])*p.nbq2 + s3*p.nbq3);
+#pragma unroll
+        for (int i = 0; i < QD; ++i) {
+            const int d = i*OSCAR_FA_WARPS*WARP_SIZE + w*WARP_SIZE + lane;
+            qv[j][i] = j < nq && d < D ? qp[d]*p.scale : 0.0f;
+        }
+    }
     // The live rows' K and V into L2 first (each lane its row of each of the warp's steps): in
     // the model the window's rows come from memory cold, and the step below loads K and V in
     // chunks one ahead, so that each chunk would wait a full memory latency. (Whole rows:
@@ -92,12 +105,11 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     __shared__ float sh_q[NQ][D];
 #pragma unroll
     for (int j = 0; j < NQ; ++j) {
-        const float * qp = (const float *) (p.Q + (tok0 + jt[j])*p.nbq1 + (hkv*p.gqa + jh[j])*p.nbq2 + s3*p.nbq3);
 #pragma unroll
-        for (int d0 = 0; d0 < D; d0 += OSCAR_FA_WARPS*WARP_SIZE) {
-            const int d = d0 + w*WARP_SIZE + lane;
+        for (int i = 0; i < QD; ++i) {
+            const int d = i*OSCAR_FA_WARPS*WARP_SIZE + w*WARP_SIZE + lane;
             if (d < D) {
-                sh_q[j][d] = j < nq ? qp[d]*p.scale : 0.0f;
+                sh_q[j][d] = qv[j][i];
             }
         }
     }
