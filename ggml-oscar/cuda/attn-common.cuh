@@ -65,6 +65,11 @@ static bool fa_is_ours(const ggml_tensor * op) {
         (oscar2_is_type(op->src[1]->type) || oscar2_is_type(op->src[2]->type) || ggml_flash_attn_ext_window_rows(op) > 0);
 }
 
+// the row of p.part_acc and p.part_ml that holds head `head` of token `tok` in stream s3
+static __device__ __forceinline__ int64_t fa_query_row(const fa_params & p, const int s3, const int tok, const int head) {
+    return ((int64_t) s3*p.n_q + tok)*p.n_head + head;
+}
+
 // The block's partial: merge the NP online-softmax states (max, sum, acc) its warps (or teams)
 // left in shared memory, one per query, and write it as partial number `part` of each query.
 template <int D, int NQ, int NP>
@@ -88,13 +93,20 @@ static __device__ __forceinline__ void store_block_partial(const float (&sh_ml)[
                 l += f*sh_ml[pp][j][1];
             }
         }
-        const int tok  = tok0 + j / p.gqa;
-        const int head = hkv*p.gqa + j % p.gqa;
-        const int64_t qi = ((int64_t) s3*p.n_q + tok)*p.n_head + head;
+        const int64_t qi = fa_query_row(p, s3, tok0 + j / p.gqa, hkv*p.gqa + j % p.gqa);
         p.part_acc[(qi*p.n_part + part)*D + d] = a;
         if (d == 0) {
             p.part_ml[qi*p.n_part + part] = make_float2(Mx, l);
         }
+    }
+}
+
+// A partial of no rows: (max, sum) = (-inf, 0) for the block's nq queries, which the combine
+// weighs 0 without reading its vector.
+static __device__ __forceinline__ void store_empty_partial(const fa_params & p, const int nq, const int tok0, const int hkv,
+        const int s3, const int part) {
+    for (int j = threadIdx.y*WARP_SIZE + threadIdx.x; j < nq; j += OSCAR_FA_WARPS*WARP_SIZE) {
+        p.part_ml[fa_query_row(p, s3, tok0 + j / p.gqa, hkv*p.gqa + j % p.gqa)*p.n_part + part] = make_float2(-INFINITY, 0.0f);
     }
 }
 

@@ -189,13 +189,10 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         i1   = min(n, i0 + per);
     }
     // no rows (a split that took a window chunk and left its cache rows to the others, or an
-    // empty share of a live list): an empty partial, which the combine weighs 0, without the
-    // query's preparation and the partial's merge, most of such a block's time after its chunk
+    // empty share of a live list): an empty partial, without the query's preparation and the
+    // partial's merge, most of such a block's time after its chunk
     if (LIST ? i0 >= i1 : r0 >= r1) {
-        for (int j = threadIdx.y*WARP_SIZE + threadIdx.x; j < nq; j += OSCAR_FA_WARPS*WARP_SIZE) {
-            const int64_t qi = ((int64_t) s3*p.n_q + tok0 + j / p.gqa)*p.n_head + hkv*p.gqa + j % p.gqa;
-            p.part_ml[qi*p.n_part + split] = make_float2(-INFINITY, 0.0f);
-        }
+        store_empty_partial(p, nq, tok0, hkv, s3, split);
         return;
     }
     const bool qok  = g < nq;      // the lane's A rows (query g) hold a query
