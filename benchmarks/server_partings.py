@@ -53,12 +53,12 @@ def main() -> int:
             big, small = answers(model, kv, 512, a.n), answers(model, kv, 16, a.n)
             partings, moved = [], 0.0
             for pi in big:
-                for i, ((x, top), (y, other)) in enumerate(zip(big[pi], small[pi])):
-                    if x != y:
-                        lead = top[x] - top[y] if y in top else float("inf")
-                        partings.append(f"prompt {pi} step {i} (lead {lead:.3f})")
-                        break
-                    moved = max(moved, abs(top[x] - other[y]))
+                p = hs.parting(big[pi], small[pi])
+                if p is not None:
+                    partings.append(f"prompt {pi} step {p[0]} (lead {p[3]:.3f})")
+                before = big[pi][:p[0]] if p is not None else big[pi]
+                for (x, top), (_, other) in zip(before, small[pi]):
+                    moved = max(moved, abs(top[x] - other[x]))
             print(f"{kv}: {len(partings)} of {len(big)} answers part: {', '.join(partings) or 'none'}; "
                   f"largest change of a top token's log-probability before any parting: {moved:.3f} nats")
     return 0

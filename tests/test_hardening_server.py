@@ -84,12 +84,21 @@ def steps(r: dict) -> list[tuple[int, dict[int, float]]]:
     return [(p["id"], {t["id"]: t["logprob"] for t in p["top_logprobs"]}) for p in r.get("completion_probabilities", [])]
 
 
-def keeps_to(alone: list[tuple[int, dict[int, float]]], beside: list[tuple[int, dict[int, float]]]) -> str | None:
-    """None where `beside` is `alone`, or parts from it at a near-tie; else how it parts."""
+def parting(alone: list[tuple[int, dict[int, float]]], beside: list[tuple[int, dict[int, float]]]):
+    """The first step where `beside` takes another token than `alone`, as (step, alone's token,
+    beside's token, by how much alone's choice led it in alone's top tokens), or None."""
     for i, ((a, top), (b, _)) in enumerate(zip(alone, beside)):
         if a != b:
-            lead = top[a] - top[b] if b in top else float("inf")
-            return None if lead < TIE_NATS else f"step {i}: token {b} where alone {a} led it by {lead:.3f} nats"
+            return i, a, b, top[a] - top[b] if b in top else float("inf")
+    return None
+
+
+def keeps_to(alone: list[tuple[int, dict[int, float]]], beside: list[tuple[int, dict[int, float]]]) -> str | None:
+    """None where `beside` is `alone`, or parts from it at a near-tie; else how it parts."""
+    p = parting(alone, beside)
+    if p is not None:
+        i, a, b, lead = p
+        return None if lead < TIE_NATS else f"step {i}: token {b} where alone {a} led it by {lead:.3f} nats"
     return None if len(alone) == len(beside) else f"{len(beside)} tokens where alone {len(alone)}"
 
 
