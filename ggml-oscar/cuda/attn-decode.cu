@@ -9,6 +9,7 @@
 // (../tests/oscar2-backend-ops.inc; `bash gpu/run.sh test`), and by tests/test_oscar2_ops.py.
 
 #include "attn-common.cuh"
+#include "fusion-plan.cuh"
 #include "ops.cuh"
 
 #include <algorithm>
@@ -218,15 +219,28 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
                mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
     }
     // several query tokens (sequences of a unified cache, or a speculative batch): each group of
-    // blocks takes only the cache chunks its tokens see (attn-live.cu)
+    // blocks takes only the cache chunks its tokens see (attn-live.cu). Every layer of a step reads
+    // the same mask: the pass's first attention keeps its lists and the later ones read them
+    // (fusion-plan.cuh).
     const int live_stride = (int) ((K->ne[1] + OSCAR_LIVE_ROWS - 1)/OSCAR_LIVE_ROWS);
     ggml_cuda_pool_alloc<int> live(ctx.pool()), live_count(ctx.pool());
     if (mma && mask && Q->ne[1] > 1) {
-        live.alloc((size_t) p.mask_ne3*n_groups*live_stride);
-        live_count.alloc((size_t) p.mask_ne3*n_groups);
-        oscar2_cuda_fa_live_chunks(sm, p, tokens_per_block, n_groups, live.get(), live_count.get(), live_stride, stream);
-        sm.live = live.get();
-        sm.live_count = live_count.get();
+        ggml_cuda_oscar2_fusion * plan = ctx.oscar2_fusion.get();
+        live_lists_key key;
+        key.mask = mask->data; key.nb1 = mask->nb[1]; key.nb3 = mask->nb[3]; key.mask_ne3 = p.mask_ne3;
+        key.n_rows = (int) K->ne[1]; key.n_q = p.n_q; key.tokens_per_group = tokens_per_block; key.n_groups = n_groups;
+        key.stride = live_stride;
+        if (const kept_live_lists * kept = oscar2_fusion_find_lists(plan, dst, key)) {
+            sm.live = kept->live;
+            sm.live_count = kept->count;
+        } else {
+            kept = oscar2_fusion_keep_lists(plan, dst, key, ctx.device);
+            int * l = kept ? kept->live  : live.alloc((size_t) p.mask_ne3*n_groups*live_stride);
+            int * c = kept ? kept->count : live_count.alloc((size_t) p.mask_ne3*n_groups);
+            oscar2_cuda_fa_live_chunks(sm, p, tokens_per_block, n_groups, l, c, live_stride, stream);
+            sm.live = l;
+            sm.live_count = c;
+        }
         sm.live_stride = live_stride;
     }
     p.part0 = 0;

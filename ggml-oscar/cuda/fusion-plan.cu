@@ -5,7 +5,9 @@
 //     stores) and v's with its own stores: one k_rotate_store launch instead of seven
 //     (rotate-store.cu);
 //   - at an attention of ours: the un-rotation of its output, done by the combine
-//     (attn-combine.cu).
+//     (attn-combine.cu); and which live-chunk lists kept by an attention before it in the pass
+//     are still valid for it (no node between wrote their mask's bytes), so that it reads them
+//     instead of making its own (attn-decode.cu).
 // A node may move up to the launch only if no node in between reads or writes what it writes,
 // or writes what it reads (checked by byte ranges). The fused launch happens when the first node
 // is computed; the nodes it did are then skipped. The plan lives in the backend context
@@ -245,23 +247,118 @@ static void plan_rotate_store(ggml_cuda_oscar2_fusion & p, const ggml_cgraph * c
     p.launch = plan;
 }
 
+// ---- live-chunk lists kept through a pass --------------------------------------------------
+
+int * live_arena::take(size_t n) {
+    const size_t bytes = GGML_PAD(n*sizeof(int), 256);
+    if (blocks.empty() || used + bytes > blocks.back().second) {
+        const size_t size = std::max<size_t>(bytes, blocks.empty() ? (size_t) 1 << 20 : 2*blocks.back().second);
+        char * ptr = nullptr;
+        if (cudaMalloc((void **) &ptr, size) != cudaSuccess) {
+            (void) cudaGetLastError();
+            return nullptr;
+        }
+        blocks.emplace_back(ptr, size);
+        used = 0;
+    }
+    int * out = (int *) (blocks.back().first + used);
+    used += bytes;
+    return out;
+}
+
+live_arena::~live_arena() {
+    if (!blocks.empty()) {
+        ggml_cuda_set_device(device);
+        for (auto & b : blocks) {
+            (void) cudaFree(b.first);
+        }
+    }
+}
+
+// at attention node i: the kept lists whose mask no node since their last check wrote stay
+// valid up to i
+static void check_kept_lists(ggml_cuda_oscar2_fusion & p, const ggml_cgraph * cgraph, int i) {
+    int n = 0;
+    for (int l = 0; l < p.n_lists; ++l) {
+        kept_live_lists & k = p.lists[l];
+        bool written = false;
+        for (int j = k.checked_i + 1; j < i && !written; ++j) {
+            const ggml_tensor * mid = cgraph->nodes[j];
+            written = !is_noop(mid) && bytes_overlap(mid, k.mask);
+        }
+        if (!written) {
+            k.checked_i = i;
+            p.lists[n++] = k;
+        }
+    }
+    p.n_lists = n;
+}
+
+const kept_live_lists * oscar2_fusion_find_lists(ggml_cuda_oscar2_fusion * plan, const ggml_tensor * fa, const live_lists_key & key) {
+    if (plan == nullptr || plan->last_node != fa) {
+        return nullptr;
+    }
+    for (int l = 0; l < plan->n_lists; ++l) {
+        if (plan->lists[l].key == key && plan->lists[l].checked_i == plan->last_i) {
+            return &plan->lists[l];
+        }
+    }
+    return nullptr;
+}
+
+const kept_live_lists * oscar2_fusion_keep_lists(ggml_cuda_oscar2_fusion * plan, const ggml_tensor * fa, const live_lists_key & key,
+        int device) {
+    if (plan == nullptr || plan->last_node != fa || !plan->keep_lists || plan->n_lists == OSCAR_KEPT_LISTS) {
+        return nullptr;
+    }
+    if (!plan->arena) {
+        plan->arena = std::make_shared<live_arena>();
+        plan->arena->device = device;
+    }
+    const size_t n_lists = (size_t) key.mask_ne3*key.n_groups;
+    int * mem = plan->arena->take(n_lists*key.stride + n_lists);
+    if (mem == nullptr) {
+        return nullptr;
+    }
+    kept_live_lists & k = plan->lists[plan->n_lists++];
+    k.key       = key;
+    k.mask      = fa->src[3];
+    k.checked_i = plan->last_i;
+    k.live      = mem;
+    k.count     = mem + n_lists*key.stride;
+    return &k;
+}
+
+// ---- the plan, node by node -------------------------------------------------------------------
+
 void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     if (!ctx.oscar2_fusion) {
         ctx.oscar2_fusion = std::make_shared<ggml_cuda_oscar2_fusion>();
     }
     ggml_cuda_oscar2_fusion & p = *ctx.oscar2_fusion;
     if (cgraph != p.graph || i <= p.last_i) {
-        p = ggml_cuda_oscar2_fusion(); // a new pass over a graph: nothing of the last one carries over
+        // a new pass over a graph: nothing of the last one carries over but the lists' memory
+        std::shared_ptr<live_arena> arena = std::move(p.arena);
+        p = ggml_cuda_oscar2_fusion();
         p.graph = cgraph;
+        p.arena = std::move(arena);
+        if (p.arena) {
+            p.arena->used = 0;
+        }
     }
-    p.last_i = i;
+    p.last_i    = i;
+    p.last_node = cgraph->nodes[i];
     // upstream's concurrent streams reorder nodes; leave those graphs alone
     if (!ctx.stream_context().concurrent_events.empty()) {
+        p.keep_lists = false;
+        p.n_lists = 0;
         return;
     }
+    p.keep_lists = true;
     const int end = std::min(cgraph->n_nodes, i + 1 + OSCAR_FUSE_SCAN);
     const ggml_tensor * node = cgraph->nodes[i];
     if (node->op == GGML_OP_FLASH_ATTN_EXT) {
+        check_kept_lists(p, cgraph, i);
         plan_unrot(p, cgraph, i, end, ggml_cuda_info().devices[ctx.device].cc);
     } else if (node->op == GGML_OP_MUL_MAT && rotation_fusable(node)) {
         plan_rotate_store(p, cgraph, i, end);
