@@ -99,14 +99,16 @@ void oscar2_cpu_window_v(const void * v_row, int type, float * out, int64_t dv) 
 // ---- rows of K or V as f32 (both flash attentions) ----------------------------------------
 
 // row ic of K or V as f32: cache rows first (nek1 = t->ne[1] of them), then the window's.
-// The tiled path multiplies every row of a tile and masks afterwards, where the row-by-row path
-// skips masked rows unread; a window row not written yet may hold NaN, so its non-finite values
-// become 0 (an oscar2 row is finite by construction).
-static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * t_hp, int64_t ic, int64_t i2, int64_t i3, float * out) {
+// seen: some query sees the row (the row-by-row path skips the others unread), so it holds a
+// written token. The tiled path multiplies every row of a tile and masks afterwards, and a
+// window row not written yet may hold NaN: there its non-finite values become 0 (an oscar2 row
+// is finite by construction).
+static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * t_hp, int64_t ic, int64_t i2, int64_t i3, float * out,
+                       bool seen) {
     if (ic >= t->ne[1]) {
         const char * row = (const char *) t_hp->data + (ic - t->ne[1])*t_hp->nb[1] + i2*t_hp->nb[2] + i3*t_hp->nb[3];
         oscar2_cpu_window_v(row, t_hp->type, out, t->ne[0]);
-        for (int64_t i = 0; i < t->ne[0]; ++i) {
+        for (int64_t i = 0; i < t->ne[0] && !seen; ++i) {
             out[i] = isfinite(out[i]) ? out[i] : 0.0f;
         }
         return;
@@ -272,7 +274,7 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
             oscar2_rows_scores(k_rows, n_codes, qh, nh, dk, kG, &sc[0][0], OSCAR2_FA_BLOCK);
         }
         for (int j = n_codes; j < n; ++j) {
-            fa_row_f32(k, k_hp, rows[j], ik2, ik3, row);
+            fa_row_f32(k, k_hp, rows[j], ik2, ik3, row, true);
             for (int h = 0; h < nh; ++h) {
                 ggml_vec_dot_f32((int) dk, &sc[h][j], 0, row, 0, qh[h], 0, 1);
             }
@@ -287,7 +289,7 @@ void oscar2_cpu_fa_part(const struct ggml_tensor * dst, int64_t ir, int nh, int6
             }
         }
         for (int j = 0; j < n; ++j) {
-            fa_row_f32(v, v_hp, rows[j], iv2, iv3, tile + j*dv);
+            fa_row_f32(v, v_hp, rows[j], iv2, iv3, tile + j*dv, true);
         }
         for (int h = 0; h < nh; ++h) { // the block's weights exp(s - M), M the running maximum
             float * acc = partial + h*pstride + 2;
@@ -359,7 +361,7 @@ void oscar2_cpu_fa_pack_k(const struct ggml_tensor * k, const struct ggml_tensor
     const int64_t dk = k->ne[0];
     GGML_ASSERT(dk <= 1024);
     for (int r = 0; r < n_rows; ++r) {
-        fa_row_f32(k, k_hp, ic + r, ik2, ik3, row);
+        fa_row_f32(k, k_hp, ic + r, ik2, ik3, row, false);
         for (int64_t i = 0; i < dk; ++i) {
             k_t[i*tile + r] = row[i];
         }
@@ -369,6 +371,6 @@ void oscar2_cpu_fa_pack_k(const struct ggml_tensor * k, const struct ggml_tensor
 void oscar2_cpu_fa_pack_v(const struct ggml_tensor * v, const struct ggml_tensor * v_hp, int64_t ic, int n_rows,
                           int64_t iv2, int64_t iv3, float * v_tile) {
     for (int r = 0; r < n_rows; ++r) {
-        fa_row_f32(v, v_hp, ic + r, iv2, iv3, v_tile + r*v->ne[0]);
+        fa_row_f32(v, v_hp, ic + r, iv2, iv3, v_tile + r*v->ne[0], false);
     }
 }
