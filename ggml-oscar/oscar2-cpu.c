@@ -108,8 +108,10 @@ static void fa_row_f32(const struct ggml_tensor * t, const struct ggml_tensor * 
     if (ic >= t->ne[1]) {
         const char * row = (const char *) t_hp->data + (ic - t->ne[1])*t_hp->nb[1] + i2*t_hp->nb[2] + i3*t_hp->nb[3];
         oscar2_cpu_window_v(row, t_hp->type, out, t->ne[0]);
-        for (int64_t i = 0; i < t->ne[0] && !seen; ++i) {
-            out[i] = isfinite(out[i]) ? out[i] : 0.0f;
+        if (!seen) {
+            for (int64_t i = 0; i < t->ne[0]; ++i) {
+                out[i] = isfinite(out[i]) ? out[i] : 0.0f;
+            }
         }
         return;
     }

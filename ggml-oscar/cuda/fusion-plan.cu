@@ -294,8 +294,14 @@ static void check_kept_lists(ggml_cuda_oscar2_fusion & p, const ggml_cgraph * cg
     p.n_lists = n;
 }
 
+// fa is the node last planned: the one being computed (no plan, or another node: its lists are
+// not the plan's business)
+static bool planned_last(const ggml_cuda_oscar2_fusion * plan, const ggml_tensor * fa) {
+    return plan != nullptr && plan->graph != nullptr && plan->last_i >= 0 && plan->graph->nodes[plan->last_i] == fa;
+}
+
 const kept_live_lists * oscar2_fusion_find_lists(ggml_cuda_oscar2_fusion * plan, const ggml_tensor * fa, const live_lists_key & key) {
-    if (plan == nullptr || plan->last_node != fa) {
+    if (!planned_last(plan, fa)) {
         return nullptr;
     }
     for (int l = 0; l < plan->n_lists; ++l) {
@@ -308,7 +314,7 @@ const kept_live_lists * oscar2_fusion_find_lists(ggml_cuda_oscar2_fusion * plan,
 
 const kept_live_lists * oscar2_fusion_keep_lists(ggml_cuda_oscar2_fusion * plan, const ggml_tensor * fa, const live_lists_key & key,
         int device) {
-    if (plan == nullptr || plan->last_node != fa || !plan->keep_lists || plan->n_lists == OSCAR_KEPT_LISTS) {
+    if (!planned_last(plan, fa) || !plan->keep_lists || plan->n_lists == OSCAR_KEPT_LISTS) {
         return nullptr;
     }
     if (!plan->arena) {
@@ -346,8 +352,7 @@ void ggml_cuda_oscar2_plan_fusion(ggml_backend_cuda_context & ctx, const ggml_cg
             p.arena->used = 0;
         }
     }
-    p.last_i    = i;
-    p.last_node = cgraph->nodes[i];
+    p.last_i = i;
     // upstream's concurrent streams reorder nodes; leave those graphs alone
     if (!ctx.stream_context().concurrent_events.empty()) {
         p.keep_lists = false;

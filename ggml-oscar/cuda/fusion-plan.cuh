@@ -81,7 +81,6 @@ struct live_arena {
 struct ggml_cuda_oscar2_fusion {
     const ggml_cgraph * graph = nullptr; // the graph planned, and its last node planned
     int last_i = -1;
-    const ggml_tensor * last_node = nullptr; // (the node computed next: what the lists are asked for)
     planned_launch launch;               // the next rotate-store launch (n_jobs = 0: none)
     const ggml_tensor * fa    = nullptr; // an attention node whose combine also does
     const ggml_tensor * unrot = nullptr; // the un-rotation of its output
