@@ -156,6 +156,9 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
     };
     int ns_main, rps_main, ns_win = 0, rps_win = 0, rps_lite = 0;
     const bool mma = mma_arch && uses_int2_mma(K->type, V->type, D, nqb, wt);
+    // several query tokens (sequences of a unified cache, or a speculative batch): each group of
+    // blocks takes only the cache chunks its tokens see, and the window chunks (attn-live.cu)
+    const bool lists = mma && mask && Q->ne[1] > 1;
     if (mma) {
         // one launch: the cache's splits fill one full wave of OSCAR_MMA_BLOCKS_PER_SM blocks per
         // SM (or several, split_waves), and the first blocks also take a chunk of the window each
@@ -167,13 +170,20 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
         // of which sink + recent are live) and cost only their mask.
         split((int) K->ne[1], 128, OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
         split_waves((int) K->ne[1], OSCAR_MMA_BLOCKS_PER_SM*n_sm, ns_main, rps_main);
-        if (Kw) {
-            // with several groups of queries (many sequences in one stream) every group takes
-            // every chunk, and the partials, which the combine reads back, grow with groups x
-            // chunks: the chunks then grow to fill one wave of blocks with them, up to
-            // OSCAR_WIN_MAX_ROWS rows. One group (one sequence, or one stream per sequence) keeps
-            // chunks of one step: larger ones, taken by a few of the cache's splits, leave those
-            // splits' rows to the others, whose blocks then end last.
+        if (Kw && lists) {
+            // each cache split also takes its share of its group's live window chunks. Why not
+            // chunks of the window's rows: a unified cache's window holds every sequence's sink
+            // and recent rows, so a group's rows (its sequences' 320 or so) sat in one or two
+            // chunks, whose blocks ended last, and the other chunks were read for their mask
+            // alone (8 sequences of 16384: 3072 rows, 6 chunks a group, 11 us a layer more than
+            // with one stream per sequence).
+            ns_win = ns_main;
+        } else if (Kw) {
+            // without lists, one group (one sequence, or one stream per sequence) takes chunks of
+            // one step: larger ones, taken by a few of the cache's splits, leave those splits'
+            // rows to the others, whose blocks then end last. Several groups with no mask take
+            // every chunk each, and the partials, which the combine reads back, grow with groups
+            // x chunks: the chunks then grow to fill one wave of blocks, up to OSCAR_WIN_MAX_ROWS.
             const int n_win = (int) Kw->ne[1];
             const int one   = OSCAR_FA_WARPS*WARP_SIZE;
             const int fit   = n_groups > 1 ? std::max(1, OSCAR_MMA_BLOCKS_PER_SM*n_sm/base) : INT_MAX;
@@ -218,30 +228,35 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
                (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
                mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
     }
-    // several query tokens (sequences of a unified cache, or a speculative batch): each group of
-    // blocks takes only the cache chunks its tokens see (attn-live.cu). Every layer of a step reads
-    // the same mask: the pass's first attention keeps its lists and the later ones read them
+    // the lists (see `lists` above) of the cache's rows and of the window's. Every layer of a step
+    // reads the same mask: the pass's first attention keeps its lists and the later ones read them
     // (fusion-plan.cuh).
-    const int live_stride = (int) ((K->ne[1] + OSCAR_LIVE_ROWS - 1)/OSCAR_LIVE_ROWS);
-    ggml_cuda_pool_alloc<int> live(ctx.pool()), live_count(ctx.pool());
-    if (mma && mask && Q->ne[1] > 1) {
+    ggml_cuda_pool_alloc<int> live(ctx.pool()), live_count(ctx.pool()), live_w(ctx.pool()), live_count_w(ctx.pool());
+    auto make_lists = [&](fa_source & s, ggml_cuda_pool_alloc<int> & l_mem, ggml_cuda_pool_alloc<int> & c_mem) {
         ggml_cuda_oscar2_fusion * plan = ctx.oscar2_fusion.get();
+        const int stride = (s.n_rows + OSCAR_LIVE_ROWS - 1)/OSCAR_LIVE_ROWS;
         live_lists_key key;
-        key.mask = mask->data; key.nb1 = mask->nb[1]; key.nb3 = mask->nb[3]; key.mask_ne3 = p.mask_ne3;
-        key.n_rows = (int) K->ne[1]; key.n_q = p.n_q; key.tokens_per_group = tokens_per_block; key.n_groups = n_groups;
-        key.stride = live_stride;
+        key.mask = s.mask; key.nb1 = mask->nb[1]; key.nb3 = mask->nb[3]; key.mask_ne3 = p.mask_ne3;
+        key.n_rows = s.n_rows; key.n_q = p.n_q; key.tokens_per_group = tokens_per_block; key.n_groups = n_groups;
+        key.stride = stride;
         if (const kept_live_lists * kept = oscar2_fusion_find_lists(plan, dst, key)) {
-            sm.live = kept->live;
-            sm.live_count = kept->count;
+            s.live = kept->live;
+            s.live_count = kept->count;
         } else {
             kept = oscar2_fusion_keep_lists(plan, dst, key, ctx.device);
-            int * l = kept ? kept->live  : live.alloc((size_t) p.mask_ne3*n_groups*live_stride);
-            int * c = kept ? kept->count : live_count.alloc((size_t) p.mask_ne3*n_groups);
-            oscar2_cuda_fa_live_chunks(sm, p, tokens_per_block, n_groups, l, c, live_stride, stream);
-            sm.live = l;
-            sm.live_count = c;
+            int * l = kept ? kept->live  : l_mem.alloc((size_t) p.mask_ne3*n_groups*stride);
+            int * c = kept ? kept->count : c_mem.alloc((size_t) p.mask_ne3*n_groups);
+            oscar2_cuda_fa_live_chunks(s, p, tokens_per_block, n_groups, l, c, stride, stream);
+            s.live = l;
+            s.live_count = c;
         }
-        sm.live_stride = live_stride;
+        s.live_stride = stride;
+    };
+    if (lists) {
+        make_lists(sm, live, live_count);
+        if (Kw) {
+            make_lists(sw, live_w, live_count_w);
+        }
     }
     p.part0 = 0;
     if (mma) {

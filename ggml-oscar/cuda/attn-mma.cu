@@ -108,6 +108,8 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 // are their own (win0 = ns_main) and come after the cache's: at small depths all fit in one
 // wave; with many streams the cache's blocks, each far longer than a chunk, fill the waves and
 // the chunks fill in behind them, rather than delaying every cache block by a chunk.
+// LIST (live-chunk lists, attn-live.cu; ns_win = ns_main, win0 = 0): block y takes the y-th share
+// of its group's live window chunks, then the y-th share of its group's live cache chunks.
 //
 // A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
 // i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
@@ -145,9 +147,29 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
         static_assert(WT == GGML_TYPE_F16, "the window's rows: f16 (uses_int2_mma)");
         const int chunk = (int) blockIdx.y - win0;
         if (chunk >= 0 && chunk < ns_win) {
+            // rows [r0, r1) of the window, or (LIST, with the window's lists: win0 = 0) the block's
+            // share [r0, r1) of its group's live window chunks (attn-decode.cu). One call of the
+            // window's code either way (it is large, and fetched cold each layer in the model).
+            int r0 = chunk*rows_per_win_split, r1 = min(win.n_rows, r0 + rows_per_win_split);
+            const int * list = nullptr;
+            if (LIST && win.live) {
+                const int ws3 = blockIdx.x / p.n_head_kv;
+                const int gl  = (ws3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
+                const int n   = win.live_count[gl];
+                const int per = (n + ns_win - 1)/ns_win;
+                r0   = min(n, chunk*per);
+                r1   = min(n, r0 + per);
+                list = win.live + (int64_t) gl*win.live_stride;
+                if (r0 >= r1) {
+                    const int nt   = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
+                    const int wtok = blockIdx.z*nt;
+                    store_empty_partial(p, min(nt, p.n_q - wtok)*p.gqa, wtok, (int) blockIdx.x % p.n_head_kv, ws3, ns_main + chunk);
+                }
+            }
             // (its shared memory is its own: no barrier is needed before the cache's part)
-            const int r0 = chunk*rows_per_win_split;
-            fa_window_rows_f16<D, NQB>(win, p, r0, min(win.n_rows, r0 + rows_per_win_split), ns_main + chunk);
+            if (r0 < r1) {
+                fa_window_rows_f16<D, NQB>(win, p, r0, r1, ns_main + chunk, list);
+            }
         }
     }
     const int split = (int) blockIdx.y;

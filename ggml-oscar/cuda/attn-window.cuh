@@ -12,8 +12,10 @@
 
 #define OSCAR_WIN_VG 8 // V rows loaded and summed per group
 
-// The window's f16 rows [r0, r1) for k_fa_int2_mma's blocks, as partial number `part`. Lane l of
-// warp w takes row rb + l of each 32-row step (rb = r0 + 32 w, then + 128): it dots its whole K
+// The window's f16 rows for k_fa_int2_mma's blocks, as partial number `part`: rows [r0, r1), or
+// (list != nullptr) the OSCAR_LIVE_ROWS-row chunks list[r0 .. r1) of a live-chunk list (attn-live.cu).
+// Lane l of warp w takes row rb + l of each 32-row step (rb = r0 + 32 w, then + 128; with a
+// list, the first row of entry r0 + w, then r0 + w + 4): it dots its whole K
 // row with every query (the queries in shared memory, read as broadcasts), so a score needs no
 // sum across lanes. The warp's max per query and the lanes' weights follow, then V is added row
 // by row, each lane owning D/32 head dims and taking a row's weights by shuffles; rows that no
@@ -23,7 +25,7 @@
 // window's chunks took about a third of an 8B layer's decode attention at 32k rows.
 template <int D, int NQ>
 static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src, const fa_params & p, const int r0, const int r1,
-        const int part) {
+        const int part, const int * list = nullptr) {
     static_assert(D % 64 == 0, "dims 64k + 2 lane, + 1 per lane");
     constexpr int NV = D/64; // half2 of V per lane and row
     const int lane = threadIdx.x;
@@ -53,13 +55,15 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     const half * mask = src.mask ? src.mask + (s3 % p.mask_ne3)*p.mask_nb3 : nullptr;
     const char * Kh = src.K + hkv*src.nbk2 + s3*src.nbk3;
     const char * Vh = src.V + hkv*src.nbv2 + s3*src.nbv3;
-    // row r's mask entries mk[j] (-inf for a query past nq or a row past r1; a query of the same
+    // rows past r_end are not the window's (with a list, every chunk is whole but the last)
+    const int r_end = list ? src.n_rows : r1;
+    // row r's mask entries mk[j] (-inf for a query past nq or a row past r_end; a query of the same
     // token as the one before it has that one's entry), and whether some query sees the row
     auto mask_row = [&](const int r, float (&mk)[NQ]) {
         bool live = false;
 #pragma unroll
         for (int j = 0; j < NQ; ++j) {
-            if (j >= nq || r >= r1) {
+            if (j >= nq || r >= r_end) {
                 mk[j] = -INFINITY;
             } else if (!mask) {
                 mk[j] = 0.0f;
@@ -71,6 +75,14 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
             live = live || mk[j] != -INFINITY;
         }
         return live;
+    };
+    // the first row of the warp's k-th step (INT_MAX: none; a step is warp-uniform)
+    auto step_row = [&](const int k) {
+        const int i = (list ? r0 + w : r0 + w*WARP_SIZE) + k*(list ? OSCAR_FA_WARPS : OSCAR_FA_WARPS*WARP_SIZE);
+        if (list) {
+            return i < r1 ? OSCAR_LIVE_ROWS*__ldg(list + i) : INT_MAX;
+        }
+        return i < r1 ? i : INT_MAX;
     };
     // the queries' values this thread puts in shared memory (below), loaded first: their loads
     // are in flight while the prefetch loop waits for the mask
@@ -89,7 +101,7 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
     // the model the window's rows come from memory cold, and the step below loads K and V in
     // chunks one ahead, so that each chunk would wait a full memory latency. (Whole rows:
     // lines of 128 bytes, D/64 of them per row of f16.)
-    for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
+    for (int st = 0, rb; (rb = step_row(st)) != INT_MAX; ++st) {
         const int r = rb + lane;
         float mk[NQ];
         if (mask_row(r, mk)) {
@@ -128,7 +140,7 @@ static __device__ __forceinline__ void fa_window_rows_f16(const fa_source & src,
         }
     }
 
-    for (int rb = r0 + w*WARP_SIZE; rb < r1; rb += OSCAR_FA_WARPS*WARP_SIZE) {
+    for (int st = 0, rb; (rb = step_row(st)) != INT_MAX; ++st) {
         const int r = rb + lane;
         float mk[NQ];
         const bool live = mask_row(r, mk);

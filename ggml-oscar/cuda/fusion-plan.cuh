@@ -39,12 +39,13 @@ struct planned_launch {
 
 // ---- live-chunk lists kept through a pass ---------------------------------------------------
 // Every layer of a decode step over many sequences reads the same mask, and the lists of the cache
-// chunks each group of query tokens sees (attn-live.cu: two launches that read the whole mask) are
+// and window chunks each group of query tokens sees (attn-live.cu: two launches that read the
+// whole mask, for the cache's columns and for the window's) are
 // the same for every layer. The first decode attention of a pass makes them into memory the plan
 // keeps; a later one with the same mask and groups reads them, unless a node between them wrote
 // the mask's bytes (checked node by node as the plan reaches each attention).
 
-#define OSCAR_KEPT_LISTS 4 // masks per pass whose lists are kept (an iSWA model reads two)
+#define OSCAR_KEPT_LISTS 4 // lists kept per pass: the cache's and the window's of a mask; an iSWA model reads two masks
 
 // what a pass's lists depend on besides the mask's bytes
 struct live_lists_key {
