@@ -10,35 +10,48 @@
 # default 4096, then 32 decode steps), f16 against oscar2 in one call: a unified cache (-kvu,
 # llama-server's default) at BATCH_UNIFIED sequences, and one stream per sequence at BATCH_SPLIT
 # (defaults below); prints S_TG (decode tokens/s over all sequences) per row with oscar2/f16.
-# BATCH_OSCAR_ARGS go to the oscar2 runs only (e.g. "--oscar-sink 0 --oscar-recent 0": no window)
+# BATCH_OSCAR_ARGS go to the oscar2 runs only (e.g. "--oscar-sink 0 --oscar-recent 0": no window).
+# BATCH_ROUNDS (default 1) repeats each layout's runs with the types' order reversed every other
+# round (f16 oscar2, oscar2 f16, ...): a run right after another one's prefill finds the GPU
+# warmer, and runs of one binary in a row differ by up to 10% from that alone. The ratio is of the
+# rounds' means. Raw tables: $OUT/batched.txt, one block a run.
 batched() {
-    local npp=${1:-4096} M T kvu npl maxb tag
+    local npp=${1:-4096} M T kvu npl maxb tag r types
     pyenv
     M=$(synth_model) || return 1
+    : > "$OUT/batched.txt"
     for kvu in -kvu ""; do
         if [ -n "$kvu" ]; then npl=${BATCH_UNIFIED:-1,4,16,32}; tag=unified; else npl=${BATCH_SPLIT:-1,8,32,64}; tag=split; fi
         maxb=$(tr ',' '\n' <<< "$npl" | sort -n | tail -1)
-        for T in ${BATCH_TYPES:-f16 oscar2}; do
-            "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((maxb*(npp + 64))) -npp $npp -ntg 32 -npl $npl \
-                -ctk $T -ctv $T $([ $T != oscar2 ] || echo ${BATCH_OSCAR_ARGS:-}) > "$OUT/batched_${tag}_$T.txt" 2> "$OUT/batched_${tag}_$T.err" \
-                || log "batched $tag $T failed: $(tail -2 "$OUT/batched_${tag}_$T.err" | tr '\n' ' ')"
+        for r in $(seq 1 "${BATCH_ROUNDS:-1}"); do
+            types=${BATCH_TYPES:-f16 oscar2}
+            [ $((r % 2)) = 1 ] || types=$(tr ' ' '\n' <<< "$types" | tac | tr '\n' ' ')
+            for T in $types; do
+                echo "## $tag $T round $r" >> "$OUT/batched.txt"
+                "$B/bin/llama-batched-bench" -m $M -ngl 99 -fa on $kvu -c $((maxb*(npp + 64))) -npp $npp -ntg 32 -npl $npl \
+                    -ctk $T -ctv $T $([ $T != oscar2 ] || echo ${BATCH_OSCAR_ARGS:-}) 2> "$OUT/batched.err" | grep -E '^\|' >> "$OUT/batched.txt" \
+                    || log "batched $tag $T failed: $(tail -2 "$OUT/batched.err" | tr '\n' ' ')"
+            done
         done
     done
-    python3 - "$OUT" ${BATCH_TYPES:-f16 oscar2} <<'PY' | tee -a "$OUT/summary.txt"
-import pathlib, sys
-out, types = pathlib.Path(sys.argv[1]), sys.argv[2:]
-for tag in ("unified", "split"):
-    tg = {}
-    for t in types:
-        f = out / f"batched_{tag}_{t}.txt"
-        for line in (f.read_text().splitlines() if f.exists() else []):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 10 and cells[0].isdigit():
-                tg[(t, int(cells[2]))] = float(cells[7])
-    for b in sorted({b for _, b in tg}):
-        row = "  ".join(f"{t} {tg[(t, b)]:8.1f}" if (t, b) in tg else f"{t} -" for t in types)
-        ratio = f"  {types[-1]}/{types[0]} {tg[(types[-1], b)]/tg[(types[0], b)]:.2f}x" if all((t, b) in tg for t in types) else ""
-        print(f"batched {tag:7s} B={b:<4d} S_TG  {row}{ratio}")
+    python3 - "$OUT/batched.txt" ${BATCH_TYPES:-f16 oscar2} <<'PY' | tee -a "$OUT/summary.txt"
+import collections, sys
+path, types = sys.argv[1], sys.argv[2:]
+tg = collections.defaultdict(list)  # (layout, type, B) -> S_TG of each round
+for line in open(path):
+    if line.startswith("## "):
+        layout, t = line.split()[1:3]
+        continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 10 and cells[0].isdigit():
+        tg[(layout, t, int(cells[2]))].append(float(cells[7]))
+mean = lambda v: sum(v)/len(v)
+for layout in ("unified", "split"):
+    for b in sorted({b for (l, _, b) in tg if l == layout}):
+        row = "  ".join(f"{t} " + (" / ".join(f"{x:.1f}" for x in tg[(layout, t, b)]) or "-") for t in types)
+        ok = all(tg[(layout, t, b)] for t in types)
+        ratio = f"  {types[-1]}/{types[0]} {mean(tg[(layout, types[-1], b)])/mean(tg[(layout, types[0], b)]):.2f}x" if ok else ""
+        print(f"batched {layout:7s} B={b:<4d} S_TG  {row}{ratio}")
 PY
 }
 
