@@ -150,13 +150,16 @@ STEP = [(0, 1), (1, 1), (2, SPEC), (4, 1), (3, 20)]  # (sequence, tokens)
 
 def step_two_ways(m, prompts, **kv):
     """The logits of STEP's tokens sent in one batch and sent one sequence per call, in two
-    contexts with the same history: sequences 0-3 and 5 have prompts, and 4 shares 0's cells."""
+    contexts with the same history: sequences 0-3 and 5 have prompts, and 4 shares 0's cells
+    (after it shared 1's and left them: a cell's one sequence goes from several back to one)."""
     toks = [p + sp + p for p, sp in prompts]  # enough tokens for sequence 3's 20
     parts = [(s, toks[s % B][len(prompts[s % B][0]):][:n], len(prompts[s % B][0])) for s, n in STEP]
     out = []
     for one_batch in (True, False):
         with Context(m, n_ctx=256*B, n_seq_max=6, kv_unified=True, **kv) as c:
             c.decode_multi([(s, p, 0) for s, (p, _) in enumerate(prompts)])
+            c.seq_cp(1, 4)
+            c.seq_rm(4)
             c.seq_cp(0, 4)
             c.decode_multi([(5, prompts[0][0][::-1], 0)])  # idle in the step: its cells are hidden
             if one_batch:
