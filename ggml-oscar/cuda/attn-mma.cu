@@ -143,6 +143,20 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     // launched as a programmatic dependent (oscar2-common.cuh): q and the cache rows come from the
     // kernels before; every block waits, those that have no rows too
     ggml_cuda_pdl_sync();
+    const int hkv   = blockIdx.x % p.n_head_kv;
+    const int s3    = blockIdx.x / p.n_head_kv;
+    const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
+    const int tok0  = blockIdx.z*NT;
+    const int nq    = min(NT, p.n_q - tok0)*p.gqa;
+    // LIST: share k of n_share of this group's live-chunk list of s (attn-live.cu): entries [i0, i1)
+    auto list_share = [&](const fa_source & s, const int n_share, const int k, int & i0, int & i1) {
+        const int gl  = (s3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
+        const int n   = s.live_count[gl];
+        const int per = (n + n_share - 1)/n_share;
+        i0 = min(n, k*per);
+        i1 = min(n, i0 + per);
+        return s.live + (int64_t) gl*s.live_stride;
+    };
     if constexpr (WT != GGML_TYPE_COUNT) {
         static_assert(WT == GGML_TYPE_F16, "the window's rows: f16 (uses_int2_mma)");
         const int chunk = (int) blockIdx.y - win0;
@@ -153,17 +167,9 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
             int r0 = chunk*rows_per_win_split, r1 = min(win.n_rows, r0 + rows_per_win_split);
             const int * list = nullptr;
             if (LIST && win.live) {
-                const int ws3 = blockIdx.x / p.n_head_kv;
-                const int gl  = (ws3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
-                const int n   = win.live_count[gl];
-                const int per = (n + ns_win - 1)/ns_win;
-                r0   = min(n, chunk*per);
-                r1   = min(n, r0 + per);
-                list = win.live + (int64_t) gl*win.live_stride;
+                list = list_share(win, ns_win, chunk, r0, r1);
                 if (r0 >= r1) {
-                    const int nt   = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
-                    const int wtok = blockIdx.z*nt;
-                    store_empty_partial(p, min(nt, p.n_q - wtok)*p.gqa, wtok, (int) blockIdx.x % p.n_head_kv, ws3, ns_main + chunk);
+                    store_empty_partial(p, nq, tok0, hkv, s3, ns_main + chunk);
                 }
             }
             // (its shared memory is its own: no barrier is needed before the cache's part)
@@ -190,11 +196,6 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int w     = threadIdx.y;
     const int g     = lane / 4;    // the lane's query, its K tile column, its V tile rows g and g+8
     const int qq    = lane % 4;    // the lane's quarter of a group (K), its own rows 4qq + i, 16 + 4qq + i
-    const int hkv   = blockIdx.x % p.n_head_kv;
-    const int s3    = blockIdx.x / p.n_head_kv;
-    const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
-    const int tok0  = blockIdx.z*NT;
-    const int nq    = min(NT, p.n_q - tok0)*p.gqa;
     // the splits that also took a window chunk (win0 = 0: splits 0 .. ns_win-1) have rows_lite rows
     const int n_lite = win0 == 0 ? min(ns_win, ns_main) : 0;
     const int r0    = split < n_lite ? split*rows_lite : n_lite*rows_lite + (split - n_lite)*rows_per_split;
@@ -203,12 +204,7 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int * live = nullptr;
     int i0 = 0, i1 = 0;
     if constexpr (LIST) {
-        const int gl  = (s3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
-        const int n   = src.live_count[gl];
-        const int per = (n + ns_main - 1)/ns_main;
-        live = src.live + (int64_t) gl*src.live_stride;
-        i0   = min(n, split*per);
-        i1   = min(n, i0 + per);
+        live = list_share(src, ns_main, split, i0, i1);
     }
     // no rows (a split that took a window chunk and left its cache rows to the others, or an
     // empty share of a live list): an empty partial, without the query's preparation and the
