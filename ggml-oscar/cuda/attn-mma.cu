@@ -108,8 +108,9 @@ static __device__ __forceinline__ uint32_t codes_f16x2(const uint32_t x, const i
 // are their own (win0 = ns_main) and come after the cache's: at small depths all fit in one
 // wave; with many streams the cache's blocks, each far longer than a chunk, fill the waves and
 // the chunks fill in behind them, rather than delaying every cache block by a chunk.
-// LIST (live-chunk lists, attn-live.cu; ns_win = ns_main, win0 = 0): block y takes the y-th share
-// of its group's live window chunks, then the y-th share of its group's live cache chunks.
+// With live-chunk lists (attn-live.cu; ns_win = ns_main, win0 = 0) block y takes the y-th share of
+// its group's live window chunks (win.live), then (LIST: src.live) the y-th share of its group's
+// live cache chunks.
 //
 // A step of a warp is 32 rows. Lane (g, qq) owns rows 8t + 2qq + e (t = 0..3, e = 0, 1; own row
 // i = 2t + e) of it: they are the C entries of its query g in the K product (K tile t is rows
@@ -148,25 +149,25 @@ static __global__ void k_fa_int2_mma(const fa_source src, const fa_source win, c
     const int NT    = NQB / p.gqa > 0 ? NQB / p.gqa : 1;
     const int tok0  = blockIdx.z*NT;
     const int nq    = min(NT, p.n_q - tok0)*p.gqa;
-    // LIST: share k of n_share of this group's live-chunk list of s (attn-live.cu): entries [i0, i1)
+    // share k of n_share of this group's live-chunk list of s (attn-live.cu): entries [i0, i1),
+    // the shares' sizes differing by one at most
     auto list_share = [&](const fa_source & s, const int n_share, const int k, int & i0, int & i1) {
         const int gl  = (s3 % p.mask_ne3)*(int) gridDim.z + (int) blockIdx.z;
         const int n   = s.live_count[gl];
-        const int per = (n + n_share - 1)/n_share;
-        i0 = min(n, k*per);
-        i1 = min(n, i0 + per);
+        i0 = k*n/n_share;
+        i1 = (k + 1)*n/n_share;
         return s.live + (int64_t) gl*s.live_stride;
     };
     if constexpr (WT != GGML_TYPE_COUNT) {
         static_assert(WT == GGML_TYPE_F16, "the window's rows: f16 (uses_int2_mma)");
         const int chunk = (int) blockIdx.y - win0;
         if (chunk >= 0 && chunk < ns_win) {
-            // rows [r0, r1) of the window, or (LIST, with the window's lists: win0 = 0) the block's
+            // rows [r0, r1) of the window, or (with the window's lists: win0 = 0) the block's
             // share [r0, r1) of its group's live window chunks (attn-decode.cu). One call of the
             // window's code either way (it is large, and fetched cold each layer in the model).
             int r0 = chunk*rows_per_win_split, r1 = min(win.n_rows, r0 + rows_per_win_split);
             const int * list = nullptr;
-            if (LIST && win.live) {
+            if (win.live) {
                 list = list_share(win, ns_win, chunk, r0, r1);
                 if (r0 >= r1) {
                     store_empty_partial(p, nq, tok0, hkv, s3, ns_main + chunk);
