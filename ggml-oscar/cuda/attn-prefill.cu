@@ -1,6 +1,7 @@
 // attn-prefill.cu: flash attention over an oscar2 cache and/or the window with many query
-// columns (prefill): the cache and window rows dequantized side by side into one f16 K/V, with
-// the mask widened to match, and upstream's tensor-core kernels run on that (ggml-cuda/fattn.cu).
+// columns (prefill): the window and cache rows dequantized side by side into one f16 K/V, with
+// the mask's columns reordered to match, and upstream's tensor-core kernels run on that
+// (ggml-cuda/fattn.cu).
 //
 // Reference: the CPU flash attention (attn-common.cuh) and get-rows.cu's dequantization (the
 // same m + code*d, rounded to f16); checked by test-backend-ops FLASH_ATTN_EXT with batch sizes
@@ -129,29 +130,31 @@ static __global__ void k_zero_pad_rows(half * __restrict__ dst, int D, int n_tot
     dst[(h*n_pad + n_total)*D + i % per_head] = __float2half(0.0f);
 }
 
-// the mask [>= n_total, ne1, ne2, ne3] (byte strides) -> a contiguous f16 mask of n_pad columns,
-// the columns past n_total at -inf. Grid (n_pad/256 rounded up, ne1, ne2*ne3): no 64-bit division
-// per element (about 150 instructions each, for each of the 9M columns of a 512-token ubatch at
+// the mask [n_c + n_w, ne1, ne2, ne3] (byte strides; the cache's columns, then the window's) ->
+// a contiguous f16 mask of n_pad columns in the f16 equivalent's order: the window's n_w, the
+// cache's n_c, then -inf. Grid (n_pad/256 rounded up, ne1, ne2*ne3): no 64-bit division per
+// element (about 150 instructions each, for each of the 9M columns of a 512-token ubatch at
 // depth 16k, every layer)
-static __global__ void k_widen_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne2,
-        half * __restrict__ dst, int n_total, int n_pad) {
+static __global__ void k_f16_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne2,
+        half * __restrict__ dst, int n_c, int n_w, int n_pad) {
     const int c = blockIdx.x*blockDim.x + threadIdx.x;
     if (c >= n_pad) {
         return;
     }
     const int i1 = blockIdx.y, i2 = blockIdx.z % ne2, i3 = blockIdx.z / ne2;
     const int64_t row = ((int64_t) blockIdx.z*gridDim.y + i1)*n_pad;
-    dst[row + c] = c < n_total ? *(const half *) (src + i1*nb1 + i2*nb2 + i3*nb3 + c*sizeof(half)) : __float2half(-INFINITY);
+    const int sc = c < n_w ? n_c + c : c - n_w; // the source column
+    dst[row + c] = c < n_c + n_w ? *(const half *) (src + i1*nb1 + i2*nb2 + i3*nb3 + sc*sizeof(half)) : __float2half(-INFINITY);
 }
 
-// K/V rows of the f16 equivalent: cache rows and window rows, rounded up to the upstream kernels'
-// KV stride when an f16 mask can hide the extra rows. Why: with a ragged row count (a 320-row
-// window) upstream turns off its GQA batching and its mask-based skipping, which costs prefill
-// at 32k about a fifth of its speed.
+// K/V rows of the f16 equivalent: window rows and cache rows, rounded up to the upstream kernels'
+// KV stride when a mask can hide the extra rows. Why: with a ragged row count (a 320-row window)
+// upstream turns off its GQA batching and its mask-based skipping, which costs prefill at 32k
+// about a fifth of its speed.
 static int64_t f16_rows(const ggml_tensor * op) {
     const ggml_tensor * mask = op->src[3];
     const int64_t n = op->src[1]->ne[1] + ggml_flash_attn_ext_window_rows(op);
-    return mask && mask->type == GGML_TYPE_F16 && mask->ne[0] >= n ? GGML_PAD(n, FATTN_KQ_STRIDE) : n;
+    return mask && mask->type == GGML_TYPE_F16 ? GGML_PAD(n, FATTN_KQ_STRIDE) : n;
 }
 
 // op with K and V replaced by f16 tensors K2, V2 of f16_rows(op) rows at kdata, vdata, and no
@@ -166,8 +169,12 @@ static ggml_tensor with_f16_kv(const ggml_tensor * op, ggml_tensor & K2, ggml_te
     return d2;
 }
 
-// the same attention with K and V as plain f16 tensors: [cache rows | window rows | zero rows],
-// the zero rows masked
+// The same attention with K and V as plain f16 tensors: [window rows | cache rows | zero rows],
+// the zero rows masked. Why the window first: the cache's last rows are the ones the window holds
+// (a prefill ubatch's own tokens, and the recent ones before them), which the cache's mask
+// columns hide; after the window they are the trailing masked rows that upstream skips, per tile
+// of queries, where it scans the mask (see as_two_streams). Before the window, every query tile
+// read them: a 512-token ubatch read 768 rows more than an f16 cache's prefill does.
 static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor * dst, ggml_cuda_pool_alloc<half> & kbuf,
         ggml_cuda_pool_alloc<half> & vbuf, ggml_cuda_pool_alloc<half> & mbuf, ggml_tensor & K2, ggml_tensor & V2, ggml_tensor & M2) {
     const ggml_tensor * K = dst->src[1], * V = dst->src[2], * mask = dst->src[3];
@@ -178,29 +185,67 @@ static ggml_tensor f16_equivalent(ggml_backend_cuda_context & ctx, ggml_tensor *
     const int64_t n_pad = f16_rows(dst);
     kbuf.alloc(ctx.pool(), K->ne[0]*n_pad*K->ne[2]*K->ne[3]);
     vbuf.alloc(ctx.pool(), V->ne[0]*n_pad*V->ne[2]*V->ne[3]);
-    rows_to_f16(K, kbuf.get(), (int) n_pad, 0, stream);
-    rows_to_f16(V, vbuf.get(), (int) n_pad, 0, stream);
     if (Kw) {
-        rows_to_f16(Kw, kbuf.get(), (int) n_pad, (int) K->ne[1], stream);
-        rows_to_f16(Vw, vbuf.get(), (int) n_pad, (int) V->ne[1], stream);
+        rows_to_f16(Kw, kbuf.get(), (int) n_pad, 0, stream);
+        rows_to_f16(Vw, vbuf.get(), (int) n_pad, 0, stream);
     }
+    rows_to_f16(K, kbuf.get(), (int) n_pad, (int) n_w, stream);
+    rows_to_f16(V, vbuf.get(), (int) n_pad, (int) n_w, stream);
     ggml_tensor d2 = with_f16_kv(dst, K2, V2, kbuf.get(), vbuf.get());
+    const int threads = 256;
     if (n_pad > n_total) {
-        const int threads = 256;
         for (const ggml_tensor * t : {&K2, &V2}) {
             const int64_t n = (n_pad - n_total)*t->ne[0]*t->ne[2]*t->ne[3];
             k_zero_pad_rows<<<(n + threads - 1)/threads, threads, 0, stream>>>((half *) t->data, (int) t->ne[0], (int) n_total,
                 (int) n_pad, n);
         }
+    }
+    if (mask && (n_pad > n_total || n_w > 0)) {
         mbuf.alloc(ctx.pool(), n_pad*mask->ne[1]*mask->ne[2]*mask->ne[3]);
         const dim3 grid((unsigned) ((n_pad + threads - 1)/threads), (unsigned) mask->ne[1], (unsigned) (mask->ne[2]*mask->ne[3]));
-        k_widen_mask<<<grid, threads, 0, stream>>>((const char *) mask->data, mask->nb[1], mask->nb[2], mask->nb[3],
-            (int) mask->ne[2], mbuf.get(), (int) n_total, (int) n_pad);
-        CUDA_CHECK(cudaGetLastError());
+        k_f16_mask<<<grid, threads, 0, stream>>>((const char *) mask->data, mask->nb[1], mask->nb[2], mask->nb[3],
+            (int) mask->ne[2], mbuf.get(), (int) K->ne[1], (int) n_w, (int) n_pad);
         make_f16_view(M2, mask, mbuf.get(), n_pad, 0);
         d2.src[3] = &M2;
     }
+    CUDA_CHECK(cudaGetLastError());
     return d2;
+}
+
+// Upstream scans the mask for each query tile's last visible block of KV rows and skips the rows
+// after it only with 1024 queries or more, or several streams (launch_fattn's KV_max). A prefill
+// ubatch of one stream (512 tokens by default) is therefore passed as two streams of half its
+// queries each, sharing K and V (stride 0 across streams): the same products, the mask scanned.
+// d2 (from f16_equivalent), its K2, V2 and its mask M2 (or a view of the op's own mask) are
+// changed in place, Q2 is the queries' view. False (nothing changed) where that does not apply.
+static bool as_two_streams(ggml_tensor & d2, ggml_tensor & Q2, ggml_tensor & K2, ggml_tensor & V2, ggml_tensor & M2) {
+    const ggml_tensor * Q = d2.src[0], * mask = d2.src[3];
+    const int64_t n_q = Q->ne[1];
+    if (!mask || Q->ne[3] != 1 || n_q >= 1024 || n_q < 64 || n_q % 2 != 0 || mask->ne[2] != 1 || mask->ne[3] != 1 ||
+            d2.src[1]->ne[1] % FATTN_KQ_STRIDE != 0 || d2.ne[3] != 1) {
+        return false;
+    }
+    Q2 = *Q;
+    Q2.ne[1] = n_q/2;
+    Q2.ne[3] = 2;
+    Q2.nb[3] = Q->nb[1]*(n_q/2);
+    if (mask != &M2) {
+        M2 = *mask;
+    }
+    M2.ne[1] = n_q/2;
+    M2.ne[3] = 2;
+    M2.nb[3] = M2.nb[1]*(n_q/2);
+    GGML_ASSERT(d2.src[1] == &K2 && d2.src[2] == &V2);
+    for (ggml_tensor * t : {&K2, &V2}) {
+        t->ne[3] = 2;
+        t->nb[3] = 0;
+    }
+    d2.src[0] = &Q2;
+    d2.src[3] = &M2;
+    d2.ne[2] = n_q/2;
+    d2.ne[3] = 2;
+    d2.nb[3] = d2.nb[2]*(n_q/2);
+    return true;
 }
 
 bool oscar2_cuda_fa_prefill_supported(int device, const ggml_tensor * op) {
@@ -211,7 +256,8 @@ bool oscar2_cuda_fa_prefill_supported(int device, const ggml_tensor * op) {
 
 void oscar2_cuda_fa_prefill(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_cuda_pool_alloc<half> kbuf, vbuf, mbuf;
-    ggml_tensor K2, V2, M2;
+    ggml_tensor K2, V2, M2, Q2;
     ggml_tensor d2 = f16_equivalent(ctx, dst, kbuf, vbuf, mbuf, K2, V2, M2);
+    as_two_streams(d2, Q2, K2, V2, M2);
     ggml_cuda_flash_attn_ext(ctx, &d2);
 }
