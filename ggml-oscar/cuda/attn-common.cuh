@@ -12,12 +12,7 @@
 #pragma once
 
 #include "oscar2-common.cuh"
-
-#define OSCAR_FA_WARPS 4           // warps per block of every attention kernel
-#define OSCAR_LIVE_ROWS 32         // rows per chunk of a live-chunk list (one warp step of k_fa_int2_mma)
-#define OSCAR_INT2_BLOCKS_PER_SM 3 // k_fa_int2's launch bounds; attn-decode.cu sizes its splits by it
-#define OSCAR_MMA_BLOCKS_PER_SM 3  // k_fa_int2_mma's launch bounds (12 warps per SM: with 8 the kernel
-                                   // waits on latency); attn-decode.cu sizes its splits by it
+#include "attn-plan.h" // OSCAR_FA_WARPS, the blocks per SM, the queries per block: the plan's numbers
 
 // one source of rows: the cache or the window (K, V with byte strides, and its mask columns)
 struct fa_source {
@@ -48,15 +43,23 @@ struct fa_unrot {
     float *       y = nullptr; // [D, queries], as the attention output
 };
 
-// which (K, V, queries per block) take k_fa_int2 rather than k_fa_partial (attn-vec.cu)
+// which (K, V) types k_fa_int2 takes (attn-vec.cu), and with how many queries per block (more,
+// or other types: k_fa_partial)
+static constexpr __host__ __device__ bool int2_types(ggml_type kt, ggml_type vt) {
+    return kt == vt && (kt == GGML_TYPE_OSCAR2 || kt == GGML_TYPE_OSCAR2_64);
+}
 static constexpr __host__ __device__ bool uses_int2_kernel(ggml_type kt, ggml_type vt, int nq) {
-    return kt == vt && (kt == GGML_TYPE_OSCAR2 || kt == GGML_TYPE_OSCAR2_64) && nq <= 4;
+    return int2_types(kt, vt) && nq <= OSCAR_INT2_MAX_QUERIES;
 }
 
-// which (K, V, head dim, queries per block, window type) take k_fa_int2_mma (attn-mma.cu)
+// which (K, V, head dim, window type) k_fa_int2_mma takes (attn-mma.cu), and with how many
+// queries per block
+static constexpr __host__ __device__ bool int2_mma_types(ggml_type kt, ggml_type vt, int D, ggml_type wt) {
+    return int2_types(kt, vt) && (D == 64 || D == 128) && D % group_of(kt) == 0 &&
+           (wt == GGML_TYPE_COUNT || wt == GGML_TYPE_F16);
+}
 static constexpr __host__ __device__ bool uses_int2_mma(ggml_type kt, ggml_type vt, int D, int nqb, ggml_type wt) {
-    return kt == vt && (kt == GGML_TYPE_OSCAR2 || kt == GGML_TYPE_OSCAR2_64) && (D == 64 || D == 128) &&
-           D % group_of(kt) == 0 && nqb <= 8 && (wt == GGML_TYPE_COUNT || wt == GGML_TYPE_F16);
+    return int2_mma_types(kt, vt, D, wt) && nqb <= OSCAR_MMA_MAX_QUERIES;
 }
 
 // a flash attention we compute: oscar2 K or V, or window rows (ggml_flash_attn_ext_add_window)
