@@ -12,8 +12,6 @@
 #include "fusion-plan.cuh"
 #include "ops.cuh"
 
-#include <algorithm>
-#include <climits>
 
 // the most query tokens per flash-attention call that take the split-KV kernels
 static const int OSCAR_VEC_MAX_TOKENS = 16;
@@ -89,9 +87,7 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
     shape.mma_types = int2_mma_types(K->type, V->type, D, wt);
     shape.int2_types = int2_types(K->type, V->type);
     const decode_plan pl = plan_decode(shape);
-    const int nqb = pl.nqb, tokens_per_block = pl.tokens_per_block, n_groups = pl.n_groups;
-    const int ns_main = pl.ns_main, rps_main = pl.rps_main, ns_win = pl.ns_win, rps_win = pl.rps_win, rps_lite = pl.rps_lite;
-    p.n_part = ns_main + ns_win;
+    p.n_part = pl.ns_main + pl.ns_win;
 
     const int64_t n_queries = Q->ne[1]*Q->ne[2]*Q->ne[3];
     ggml_cuda_pool_alloc<float>  acc(ctx.pool(), n_queries*p.n_part*D);
@@ -109,25 +105,25 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
                (const char *) Vw->data, (int64_t) Vw->nb[1], (int64_t) Vw->nb[2], (int64_t) Vw->nb[3],
                mask ? (const half *) mask->data + K->ne[1] : nullptr, (int) Kw->ne[1] };
     }
-    // the live-chunk lists of the cache's rows and of the window's (decode_plan's lists, win_lists). Every layer of a step
-    // reads the same mask: the pass's first attention keeps its lists and the later ones read them
-    // (fusion-plan.cuh).
+    // the live-chunk lists of the cache's rows and of the window's (decode_plan's lists, win_lists).
+    // Every layer of a step reads the same mask: the pass's first attention keeps its lists and the
+    // later ones read them (fusion-plan.cuh).
     ggml_cuda_pool_alloc<int> live(ctx.pool()), live_count(ctx.pool()), live_w(ctx.pool()), live_count_w(ctx.pool());
     auto make_lists = [&](fa_source & s, ggml_cuda_pool_alloc<int> & l_mem, ggml_cuda_pool_alloc<int> & c_mem) {
         ggml_cuda_oscar2_fusion * plan = ctx.oscar2_fusion.get();
         const int stride = (s.n_rows + OSCAR_LIVE_ROWS - 1)/OSCAR_LIVE_ROWS;
         live_lists_key key;
         key.mask = s.mask; key.nb1 = mask->nb[1]; key.nb3 = mask->nb[3]; key.mask_ne3 = p.mask_ne3;
-        key.n_rows = s.n_rows; key.n_q = p.n_q; key.tokens_per_group = tokens_per_block; key.n_groups = n_groups;
+        key.n_rows = s.n_rows; key.n_q = p.n_q; key.tokens_per_group = pl.tokens_per_block; key.n_groups = pl.n_groups;
         key.stride = stride;
         if (const kept_live_lists * kept = oscar2_fusion_find_lists(plan, dst, key)) {
             s.live = kept->live;
             s.live_count = kept->count;
         } else {
             kept = oscar2_fusion_keep_lists(plan, dst, key, ctx.device);
-            int * l = kept ? kept->live  : l_mem.alloc((size_t) p.mask_ne3*n_groups*stride);
-            int * c = kept ? kept->count : c_mem.alloc((size_t) p.mask_ne3*n_groups);
-            oscar2_cuda_fa_live_chunks(s, p, tokens_per_block, n_groups, l, c, stride, stream);
+            int * l = kept ? kept->live  : l_mem.alloc((size_t) p.mask_ne3*pl.n_groups*stride);
+            int * c = kept ? kept->count : c_mem.alloc((size_t) p.mask_ne3*pl.n_groups);
+            oscar2_cuda_fa_live_chunks(s, p, pl.tokens_per_block, pl.n_groups, l, c, stride, stream);
             s.live = l;
             s.live_count = c;
         }
@@ -141,13 +137,14 @@ void oscar2_cuda_fa_decode(ggml_backend_cuda_context & ctx, ggml_tensor * dst, c
     }
     p.part0 = 0;
     if (pl.mma) {
-        oscar2_cuda_fa_int2_mma(K->type, wt, D, nqb, sm, sw, p, ns_main, rps_main, ns_win, rps_win, rps_lite, n_groups, stream);
+        oscar2_cuda_fa_int2_mma(K->type, wt, D, pl.nqb, sm, sw, p, pl.ns_main, pl.rps_main, pl.ns_win, pl.rps_win, pl.rps_lite,
+                                pl.n_groups, stream);
     } else {
-        const bool ok = oscar2_cuda_fa_partials(D, K->type, V->type, sm, p, nqb, ns_main, rps_main, n_groups, stream);
+        const bool ok = oscar2_cuda_fa_partials(D, K->type, V->type, sm, p, pl.nqb, pl.ns_main, pl.rps_main, pl.n_groups, stream);
         GGML_ASSERT(ok && "oscar2 attention: no kernel for these types");
-        if (ns_win > 0) {
-            p.part0 = ns_main;
-            const bool ok_win = oscar2_cuda_fa_partials(D, Kw->type, Vw->type, sw, p, nqb, ns_win, rps_win, n_groups, stream);
+        if (pl.ns_win > 0) {
+            p.part0 = pl.ns_main;
+            const bool ok_win = oscar2_cuda_fa_partials(D, Kw->type, Vw->type, sw, p, pl.nqb, pl.ns_win, pl.rps_win, pl.n_groups, stream);
             GGML_ASSERT(ok_win && "oscar2 attention: no kernel for the window types");
         }
     }
