@@ -82,6 +82,11 @@ if [ "$TARGET" != test-backend-ops ] && ! grep -q "^LLAMA_BUILD_TOOLS:BOOL=ON" "
     cmake "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON >> "$WORK/cmake.log" 2>&1 \
         || { echo "build_local: cmake (tools) failed, see $WORK/cmake.log" >&2; exit 2; }
 fi
+# llama-server is a target only with LLAMA_BUILD_SERVER (off above: test-backend-ops needs none of it)
+if [ "$TARGET" = llama-server ] && ! grep -q "^LLAMA_BUILD_SERVER:BOOL=ON" "$BUILD/CMakeCache.txt"; then
+    cmake "$BUILD" -DLLAMA_BUILD_SERVER=ON >> "$WORK/cmake.log" 2>&1 \
+        || { echo "build_local: cmake (server) failed, see $WORK/cmake.log" >&2; exit 2; }
+fi
 ninja -C "$BUILD" -j"$(nproc)" "$TARGET"
 mkdir -p "$OUTDIR"
 xz -T0 -6 -c "$BUILD/bin/$TARGET" > "$OUTDIR/$TARGET.xz"
