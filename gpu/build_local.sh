@@ -16,7 +16,8 @@
 # same). The PATCHes (gpu/candidates/*.patch) are applied to the build's copy of ggml-oscar only.
 # Output: .devbin-NAME/test-backend-ops.xz (git ignores .devbin-*/ through .git/info/exclude);
 # carry it: run(command="bash gpu/run.sh prebuilt .devbin-NAME", carry=[".devbin-NAME"]).
-# LOCAL_TARGET=llama-batched-bench builds that tool instead (the build gains llama.cpp's tools):
+# LOCAL_TARGET=llama-batched-bench (or llama-bench, llama-server) builds that tool instead (the build
+# gains llama.cpp's tools):
 # run(command="bash gpu/run.sh prebuilt .devbin-NAME trace_batched 8",
 #     carry=[".devbin-NAME", ".device/wheels", ".device/upstream.tar.xz"]).
 set -euo pipefail
@@ -78,14 +79,17 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 # LOCAL_TARGET: the tool to build (one a call: each is about 40 MB as .xz, most of it ggml-cuda)
 TARGET=${LOCAL_TARGET:-test-backend-ops}
-if [ "$TARGET" != test-backend-ops ] && ! grep -q "^LLAMA_BUILD_TOOLS:BOOL=ON" "$BUILD/CMakeCache.txt"; then
-    cmake "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON >> "$WORK/cmake.log" 2>&1 \
-        || { echo "build_local: cmake (tools) failed, see $WORK/cmake.log" >&2; exit 2; }
-fi
-# llama-server is a target only with LLAMA_BUILD_SERVER (off above: test-backend-ops needs none of it)
-if [ "$TARGET" = llama-server ] && ! grep -q "^LLAMA_BUILD_SERVER:BOOL=ON" "$BUILD/CMakeCache.txt"; then
-    cmake "$BUILD" -DLLAMA_BUILD_SERVER=ON >> "$WORK/cmake.log" 2>&1 \
-        || { echo "build_local: cmake (server) failed, see $WORK/cmake.log" >&2; exit 2; }
+# the options the target needs, off in the first configure (test-backend-ops needs none of them):
+# llama.cpp's tools, and for llama-server its own switch
+NEED=""
+[ "$TARGET" = test-backend-ops ] || NEED="LLAMA_BUILD_TOOLS LLAMA_BUILD_COMMON"
+[ "$TARGET" != llama-server ] || NEED="$NEED LLAMA_BUILD_SERVER"
+ON=""
+for o in $NEED; do
+    grep -q "^$o:BOOL=ON" "$BUILD/CMakeCache.txt" || ON="$ON -D$o=ON"
+done
+if [ -n "$ON" ]; then
+    cmake "$BUILD" $ON >> "$WORK/cmake.log" 2>&1 || { echo "build_local: cmake ($ON) failed, see $WORK/cmake.log" >&2; exit 2; }
 fi
 ninja -C "$BUILD" -j"$(nproc)" "$TARGET"
 mkdir -p "$OUTDIR"

@@ -12,7 +12,6 @@
 #include "fusion-plan.cuh"
 #include "ops.cuh"
 
-
 // the most query tokens per flash-attention call that take the split-KV kernels
 static const int OSCAR_VEC_MAX_TOKENS = 16;
 // ... and, in a batch of several sequences with at most OSCAR_VEC_MAX_TOKENS each
