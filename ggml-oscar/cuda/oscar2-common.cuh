@@ -30,6 +30,18 @@ static bool rows_contiguous(const ggml_tensor * t) {
     return t->nb[0] == ggml_type_size(t->type) && t->nb[1] >= (size_t) ggml_row_size(t->type, t->ne[0]);
 }
 
+// a kernel parameter that the kernel indexes at run time (an array of jobs or parts), read where
+// it lies in the parameter space instead of copied to local memory first.
+// (__grid_constant__ needs CUDA 11.7 and compute_70: nvcc rejects it in a pass for an older
+// arch, which a CUDA 12 build for Pascal has; there the run-time index copies the parameter to
+// local memory, correct and slower)
+#if !defined(GGML_USE_HIP) && defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 11 || (__CUDACC_VER_MAJOR__ == 11 && __CUDACC_VER_MINOR__ >= 7)) && \
+    (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
+#define OSCAR_GRID_CONSTANT __grid_constant__
+#else
+#define OSCAR_GRID_CONSTANT
+#endif
+
 // ---- launches as programmatic dependents ---------------------------------------------------
 //
 // Upstream's kernels let the next launch start early (ggml_cuda_pdl_lc) and wait for their

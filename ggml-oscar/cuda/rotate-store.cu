@@ -202,15 +202,6 @@ static __device__ __forceinline__ void rotate_store_block(const rot_job & J, con
 // per job and both stores unrolled the kernel is about five times larger, and in the model's
 // decode, where its code comes cold, the blocks of the jobs with stores end several microseconds
 // later, and the attention after them starts that much later.
-// (__grid_constant__ needs CUDA 11.7 and compute_70: nvcc rejects it in a pass for an older
-// arch, which a CUDA 12 build for Pascal has; there the run-time index copies the jobs to local
-// memory, correct and slower)
-#if !defined(GGML_USE_HIP) && defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 11 || (__CUDACC_VER_MAJOR__ == 11 && __CUDACC_VER_MINOR__ >= 7)) && \
-    (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700)
-#define OSCAR_GRID_CONSTANT __grid_constant__
-#else
-#define OSCAR_GRID_CONSTANT
-#endif
 template <int D, int S>
 static __global__ void k_rotate_store(const OSCAR_GRID_CONSTANT rot_jobs jobs) {
     static_assert(S % WARP_SIZE == 0 && D % WARP_SIZE == 0, "whole warps of rows");
