@@ -159,7 +159,7 @@ static void make_f16_view(ggml_tensor & t, const ggml_tensor * like, half * data
 // columns, as one 16-byte load and store where they lie in one part and 16-byte aligned (vec:
 // n_c, n_w, n_pad, the mask's address and its strides multiples of 8 columns), else one by one.
 // Why: it is made for every layer of a ubatch (the mask of a 512-token ubatch at depth 16k is 9M
-// columns), and at 2 bytes a thread the copy ran under 1 TB/s.
+// columns), and at 2 bytes a thread the copy runs under 1 TB/s.
 static __global__ void k_f16_mask(const char * __restrict__ src, int64_t nb1, int64_t nb2, int64_t nb3, int ne2,
         half * __restrict__ dst, int n_c, int n_w, int n_pad, bool vec) {
     const int c0 = 8*(blockIdx.x*blockDim.x + threadIdx.x);
