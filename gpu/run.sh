@@ -578,6 +578,8 @@ for r in csv.DictReader(sys.stdin):
             last=$f
         done
         python3 gpu/trace_summary.py "$n" "$first" "$last" 2>&1 | tee -a "$OUT/summary.txt"
+        # decode runs: a layer's chain from k's RoPE to the combine (prefill runs have no combine)
+        python3 gpu/trace_layers.py "$OUT"/trace${i}_*.tsv 2> /dev/null | tee -a "$OUT/summary.txt" || true
         xz -T0 "$OUT"/trace${i}_*.tsv
     done
 }
