@@ -13,10 +13,11 @@ waits; these ends are what the next layer waits for. Use it on decode steps of o
 (`TRACE_RUNS="-d 4096 -p 0 -n 32|16" bash gpu/run.sh trace`), where the attention is one launch a
 layer.
 """
-import lzma
 import re
 import statistics
 import sys
+
+from trace_summary import load
 
 ATTENTION = re.compile(r"flash_attn_ext_(vec|f16|tile)|k_fa_int2|k_fa_partial")
 COMBINE = re.compile(r"combine")
@@ -25,10 +26,8 @@ ROPE = re.compile(r"rope")
 
 def kernels(path: str) -> list[tuple[int, int, str]]:
     """The kernel records (start, end, name) by start."""
-    opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        recs = [(int(p[1]), int(p[2]), p[6]) for p in (line.rstrip("\n").split("\t") for line in f) if p[0] == "K"]
-    return sorted(recs)
+    recs, _ = load(path)
+    return [(start, end, name) for kind, start, end, name, _ in recs if kind == "K"]
 
 
 def chains(recs: list[tuple[int, int, str]]) -> list[tuple[float, float, float, float]]:

@@ -16,6 +16,7 @@ between those copies. For the last N calls of each trace (N = 1: the timed prefi
   such as the mask), and from the last input copy to the first kernel.
 """
 import collections
+import lzma
 import re
 import shutil
 import subprocess
@@ -23,9 +24,10 @@ import sys
 
 
 def load(path: str) -> tuple[list[tuple], list[tuple]]:
-    """The device records (kernels, copies, memsets) by start, and the graph launches (start, end)."""
+    """The device records (kernels, copies, memsets) by start, and the graph launches (start, end).
+    (A trace as gpu/run.sh brings it back, PATH.xz, is read as well.)"""
     recs, launches = [], []
-    for line in open(path):
+    for line in (lzma.open(path, "rt") if path.endswith(".xz") else open(path)):
         f = line.rstrip("\n").split("\t")
         if f[0] == "D":
             sys.exit(f"{path}: CUPTI dropped {f[1]} records; the trace has holes")
